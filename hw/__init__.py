@@ -1,0 +1,1 @@
+"""The hardware half of parsim: runs parsim's schedules with PyTorch, measures, calibrates."""

@@ -1,0 +1,41 @@
+"""`python -m hw {measure,calibrate,scenario,validate}`: each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from parsim.cli import OneLineErrors, run_command
+
+# subcommand -> module exposing add_arguments(parser) and main(args) -> int
+COMMANDS = {
+    "measure": ("hw.measure", "run the real pipeline and time it"),
+    "calibrate": ("hw.calibrate", "measure this machine and write a parsim profile"),
+    "scenario": ("hw.scenarios", "measure a textbook experiment that `parsim scenario` predicts"),
+    "validate": ("hw.validate", "measure a grid of pipeline steps, predict each, write CSV and plots"),
+}
+
+
+def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]:
+    """The full parser for the chosen subcommand only: the others' modules (and torch) stay unloaded."""
+    parser = OneLineErrors(prog="python -m hw", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, module = _parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    args = parser.parse_args(argv)
+    return run_command(module.main, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""`python -m hw calibrate`: measure this machine and write a parsim profile, with the raw samples.
+
+What it measures, each alone and with the GPU's own clock where the GPU is what is timed:
+  1. per layer (MlpBlock): forward, input-grad and full-backward GPU time over micro-batch sizes
+     (weight-grad = full - input-grad), fitted to fixed_s + flops / flops_per_s;
+  2. the host: time to issue each layer op, and the runtime's fixed cost per compute action;
+  3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
+  4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
+What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.optimize import least_squares
+from tqdm import tqdm
+
+from hw.models import MlpBlock
+from hw.opcosts import gpu_time_s, measure_all, median_s, sync
+from parsim.errors import ParsimError
+from parsim.files import write_atomic
+from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, load_profile,
+                            save_profile)
+from parsim.scenarios import with_op_costs
+from parsim.workload import Layer
+
+POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    fixed_s: float
+    rate: float
+    r2: float
+    max_rel_residual: float
+
+    @property
+    def poor(self) -> bool:
+        return self.max_rel_residual > POOR_FIT
+
+
+def fit_affine(work: list[float], seconds: list[float]) -> Fit:
+    """seconds ~ fixed_s + work / rate, least squares on relative residuals (sizes span decades)."""
+    w, t = np.asarray(work, float), np.asarray(seconds, float)
+    if len(w) < 2 or np.any(t <= 0):
+        raise ParsimError("a fit needs at least two positive timings")
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        return (p[0] + w * p[1]) / t - 1
+
+    slope0 = max((t[-1] - t[0]) / max(w[-1] - w[0], 1e-30), 1e-30)
+    sol = least_squares(residuals, x0=[t.min() / 2, slope0], bounds=([0, 1e-30], [np.inf, np.inf]))
+    fixed, per_unit = sol.x
+    pred = fixed + w * per_unit
+    r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
+    return Fit(float(fixed), float(1 / per_unit), float(r2), float(np.max(np.abs(pred / t - 1))))
+
+
+# --- 1. layers ---------------------------------------------------------------------------------
+
+def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[int], tokens: list[int],
+                  progress: tqdm) -> list[dict]:
+    """GPU time of one MlpBlock's forward, input-grad and full backward, per (hidden, tokens)."""
+    samples = []
+    for h in hidden_sizes:
+        layer = MlpBlock(h).to(device, dtype)
+        params = list(layer.parameters())
+        for n in tokens:
+            x = torch.randn(n, h, device=device, dtype=dtype, requires_grad=True)
+            y = layer(x)
+            g = torch.randn_like(y)
+            forward = gpu_time_s(lambda: layer(x), device, batch=5)
+            input_grad = gpu_time_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True), device, batch=5)
+            full = gpu_time_s(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True), device, batch=5)
+            samples.append({"hidden": h, "tokens": n, "flops": Layer("mlp", h).flops_per_token * n,
+                            "forward_s": forward, "backward_input_s": input_grad, "backward_s": full})
+            progress.update()
+    return samples
+
+
+def host_samples(device: torch.device, dtype: torch.dtype) -> dict:
+    """Host time to issue one layer's forward, input-grad and full backward at a tiny size, GPU idle."""
+    layer = MlpBlock(64).to(device, dtype)
+    params = list(layer.parameters())
+    x = torch.randn(8, 64, device=device, dtype=dtype, requires_grad=True)
+
+    def host_time(fn) -> float:
+        times = []
+        for _ in range(50):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        sync(device)
+        return statistics.median(times[5:])
+
+    fwd = host_time(lambda: layer(x))
+    y = layer(x)
+    g = torch.randn_like(y)
+    inp = host_time(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
+    full = host_time(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True))
+    return {"forward_s": fwd, "backward_input_s": inp, "backward_s": full}
+
+
+def action_overhead_s(device: torch.device, dtype: torch.dtype, layer_host: dict) -> float:
+    """The runtime's own cost per compute action: hw's executor on one device, tiny layers, minus their launches."""
+    from hw.executor import StageRunner, split_batch
+    from hw.models import build_stage
+    from parsim.schedules import gpipe
+    from parsim.workload import mlp_model
+
+    m, layers = 32, 2
+    model = mlp_model(layers, 64, 8 * m)
+    schedule = gpipe(1, m)
+    runner = StageRunner(schedule, 0, {0: build_stage(model, 1, 0).to(device, dtype)}, {})
+    x = torch.randn(model.tokens, 64, device=device, dtype=dtype)
+    io = split_batch(x, torch.randn_like(x), m)
+    step = median_s(lambda: runner.step(io), device, repeat=10)
+    per_action = step / (2 * m)
+    layers_s = layers * (layer_host["forward_s"] + layer_host["backward_s"]) / 2
+    return max(per_action - layers_s, 0.0)
+
+
+def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, Fit]]:
+    flops = [s["flops"] for s in samples]
+    weight = [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]
+    fits = {"forward": fit_affine(flops, [s["forward_s"] for s in samples]),
+            "backward_input": fit_affine(flops, [s["backward_input_s"] for s in samples]),
+            "backward_weight": fit_affine(flops, weight)}
+    hosts = {"forward": host["forward_s"], "backward_input": host["backward_input_s"],
+             "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
+    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate) for k in ("forward", "backward_input",
+                                                                                  "backward_weight")))
+    return costs, fits
+
+
+# --- 3. host <-> device copies -------------------------------------------------------------------
+
+def copy_links(device: torch.device, sizes: list[int]) -> tuple[dict[str, LinkSpec], dict[str, Fit], dict]:
+    """Latency and bandwidth of copies to and from pinned and pageable host memory."""
+    links, fits, samples = {}, {}, {}
+    for pinned in (True, False):
+        for direction in ("h2d", "d2h"):
+            name = f"{direction}_{'pinned' if pinned else 'pageable'}"
+            rows = []
+            for n in sizes:
+                host = torch.ones(n, dtype=torch.uint8, pin_memory=pinned and device.type == "cuda")  # touched
+                dev = torch.empty(n, dtype=torch.uint8, device=device)
+                src, dst = (host, dev) if direction == "h2d" else (dev, host)
+                rows.append({"bytes": n, "seconds": median_s(lambda: dst.copy_(src, non_blocking=True), device,
+                                                               repeat=10)})
+            fit = fit_affine([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+            links[name], fits[name], samples[name] = LinkSpec(fit.fixed_s, fit.rate), fit, rows
+    return links, fits, samples
+
+
+# --- 5. GPU to GPU -----------------------------------------------------------------------------
+
+def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -> dict:
+    """Ping-pong between ranks 0 and 1 (one-way time = half the round trip); all-reduce over all."""
+    import torch.distributed as dist
+
+    out = {"p2p": [], "allreduce": []}
+    for n in sizes:
+        buf = torch.ones(max(n // 4, 1), device=device)
+        for k in range(13):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            sync(device)
+            if k >= 3 and rank == 0:
+                out["p2p"].append({"bytes": n, "seconds": (time.perf_counter() - t0) / 2})
+        for k in range(13):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync(device)
+            if k >= 3 and rank == 0:
+                out["allreduce"].append({"bytes": n, "seconds": time.perf_counter() - t0})
+    return out
+
+
+def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, CollectiveSpec, dict, dict]:
+    from hw.workers import spawn
+
+    raw = spawn(_p2p_worker, world, (sizes,), device, timeout_s=60, deadline_s=300)[0]
+
+    def medians(rows: list[dict]) -> tuple[list[int], list[float]]:
+        by = {}
+        for r in rows:
+            by.setdefault(r["bytes"], []).append(r["seconds"])
+        return list(by), [statistics.median(v) for v in by.values()]
+
+    p2p = fit_affine(*medians(raw["p2p"]))
+    b, t = medians(raw["allreduce"])
+    ring = 2 * (world - 1) / world  # all-reduce time = latency + ring * n / busbw
+    ar = fit_affine([ring * x for x in b], t)
+    return (LinkSpec(p2p.fixed_s, p2p.rate), CollectiveSpec(ar.fixed_s, ar.rate),
+            {"nvlink": p2p, "allreduce": ar}, raw)
+
+
+# --- the command --------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--base", metavar="PROFILE", help="where unmeasured parts come from (default: shipped profile)")
+    p.add_argument("--hidden", default="256,1024,2048,4096",
+                   help="hidden sizes to cost, each also fitted alone (default 256,1024,2048,4096)")
+    p.add_argument("--gpus", type=int, help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
+                                            "processes talking over gloo, for tests)")
+    p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ParsimError(f"{out} exists; pass --force to overwrite it, or choose another --out")
+    if not out.parent.is_dir():
+        raise ParsimError(f"cannot write {out}: folder {out.parent} does not exist")
+    if not args.cpu and not torch.cuda.is_available():
+        raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
+    try:
+        hidden = [int(h) for h in args.hidden.split(",") if h]
+        assert hidden and min(hidden) > 0
+    except (ValueError, AssertionError):
+        raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
+    base = load_profile(args.base)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus)
+    meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[2:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
+            "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
+            "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
+            "carried_from_base": [n for n, link in profile.links.items() if not link.measured]}
+    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
+    samples_path = out.with_name(out.stem + ".samples.json")
+    write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
+    save_profile(profile, out)
+    _report(fits, out, samples_path)
+    return 0
+
+
+def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> tuple[Profile, dict, dict[str, Fit]]:
+    device = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    dtype = torch.float32 if cpu else torch.bfloat16
+    tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
+    hidden = [64, 128] if cpu else hidden
+    with tqdm(total=len(hidden) * len(tokens) + 4, desc="calibrating", file=sys.stderr) as progress:
+        layer_rows = layer_samples(device, dtype, hidden, tokens, progress)
+        host = host_samples(device, dtype)
+        progress.update()
+        costs, fits = layer_costs(layer_rows, host)
+        per_hidden = {}
+        for h in hidden:  # a fit per hidden size too: small matmuls run far below the large ones' rate
+            per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host)
+            fits |= {f"{op}@{h}": f for op, f in h_fits.items()}
+        action_s = action_overhead_s(device, dtype, host)
+        progress.update()
+        copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
+        links, link_fits, copy_rows = copy_links(device, copy_sizes)
+        progress.update()
+        op_costs = measure_all(device, quick=cpu)
+        progress.update()
+    fits |= {f"link {k}": f for k, f in link_fits.items()}
+    links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
+    collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
+    samples = {"layers": layer_rows, "host": host, "copies": copy_rows, "op_costs": op_costs}
+    count = gpus or (0 if cpu else torch.cuda.device_count())
+    p2p_s = base.host.p2p_s
+    if count >= 2:
+        sizes = [1 << k for k in range(12, 29 if not cpu else 21, 2)]
+        nvlink, allreduce, gpu_fits, raw = gpu_links(count, "cpu" if cpu else "cuda", sizes)
+        links["nvlink"], collectives["allreduce"] = nvlink, allreduce
+        fits |= {f"link {k}": f for k, f in gpu_fits.items()}
+        samples["gpu_links"] = raw
+    profile = Profile(base.gpus_per_node if cpu else max(torch.cuda.device_count(), 1), links,
+                      HostCosts(action_s, p2p_s), {"mlp": costs, **per_hidden}, collectives=collectives)
+    return with_op_costs(profile, op_costs), samples, fits
+
+
+def _driver() -> str | None:
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def _report(fits: dict[str, Fit], out: Path, samples: Path) -> None:
+    print(f"{'fit':<24} {'fixed':>10} {'rate':>12} {'R^2':>8} {'worst':>7}")
+    for name, f in fits.items():
+        unit = "FLOP/s" if not name.startswith("link") else "B/s"
+        flag = "  POOR FIT" if f.poor else ""
+        print(f"{name:<24} {f.fixed_s * 1e6:>8.2f}us {f.rate:>10.3g}{unit[0]} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
+    print(f"wrote {out} and {samples}")

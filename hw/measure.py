@@ -1,0 +1,218 @@
+"""`python -m hw measure`: run the real pipeline, time it, and report what `parsim predict` predicts.
+
+Warm-up steps first, then N timed steps, each between barriers with the device synchronised:
+median and spread of the step time, per-stage mean forward and backward time per micro-batch
+(CUDA events around each compute action; wall clock on the CPU), and peak memory per GPU.
+The speedup is over the same model on one device running the whole batch in one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hw.executor import StageRunner, channel_groups, make_batch, split_batch, stage_modules
+from hw.workers import spawn
+from parsim.errors import ParsimError
+from parsim.files import write_atomic
+from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe
+from parsim.workload import Model, load_model, mlp_model
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int
+    warmup: int
+    dtype: str
+    trace: str | None = None
+
+
+class ActionTimer:
+    """Times each compute action: CUDA events on a GPU (read after the step), wall clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.open: dict[Action, object] = {}
+        self.spans: list[tuple[Action, object, object]] = []
+
+    def __call__(self, action: Action, phase: str) -> None:
+        if not action.is_compute:
+            return
+        mark = torch.cuda.Event(enable_timing=True) if self.cuda else time.perf_counter()
+        if self.cuda:
+            mark.record()
+        if phase == "start":
+            self.open[action] = mark
+        else:
+            self.spans.append((action, self.open.pop(action), mark))
+
+    def seconds(self) -> dict[tuple[int, str], list[float]]:
+        """(stage, op) -> durations; on a GPU call after the device is synchronised."""
+        out: dict[tuple[int, str], list[float]] = defaultdict(list)
+        for action, start, end in self.spans:
+            out[action.stage, action.op].append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+        return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
+                   config: Config) -> dict:
+    """Time `config.steps` steps on this rank; rank 0's step times are the step's."""
+    dtype = DTYPES[config.dtype]
+    stages = stage_modules(model, schedule, rank, device, dtype)
+    runner = StageRunner(schedule, rank, stages, channel_groups(schedule))
+    x, y = make_batch(model, device, dtype)
+    io = split_batch(x, y, schedule.num_microbatches)
+    params = [p for module in stages.values() for p in module.parameters()]
+
+    def one_step(observe=None) -> None:
+        for p in params:
+            p.grad = None
+        runner.step(io, observe)
+
+    for _ in range(config.warmup):
+        one_step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, timer = [], ActionTimer(device)
+    for _ in range(config.steps):
+        _sync(device)
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        one_step(timer)
+        _sync(device)
+        if world > 1:
+            dist.barrier()
+        times.append(time.perf_counter() - t0)
+    if config.trace:  # one more step on every rank (they exchange messages); rank 0 profiles it
+        if rank == 0:
+            _profile_one_step(one_step, device, config.trace)
+        else:
+            one_step()
+    per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"times": times, "per_op": per_op, "peak_memory_bytes": peak}
+
+
+def _profile_one_step(one_step, device: torch.device, path: str) -> None:
+    """A torch.profiler Chrome trace of one more step, written atomically."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        one_step()
+        _sync(device)
+    tmp = f"{path}.{os.getpid()}.tmp.json"
+    prof.export_chrome_trace(tmp)
+    os.replace(tmp, path)
+
+
+def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float) -> dict:
+    """Measure `schedule` and the one-device baseline; the report as plain data."""
+    results = spawn(measure_worker, schedule.num_ranks, (schedule, model, config), device, timeout_s,
+                    deadline_s=max(120.0, 20 * timeout_s))
+    single_cfg = Config(config.steps, config.warmup, config.dtype)
+    single = spawn(measure_worker, 1, (gpipe(1, 1), model, single_cfg), device, timeout_s,
+                   deadline_s=max(120.0, 20 * timeout_s))[0]
+    times = results[0]["times"]
+    step, base = statistics.median(times), statistics.median(single["times"])
+    per_stage = []
+    for s, rank in enumerate(schedule.stage_to_rank):
+        ops = results[rank]["per_op"]
+        per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": ops.get(f"{s}:B"),
+                          "peak_memory_bytes": results[rank]["peak_memory_bytes"]})
+    return {
+        "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
+        "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
+        "config": {"schedule": schedule.name, "gpus": schedule.num_ranks, "microbatches": schedule.num_microbatches,
+                   "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
+                   "hidden": model.layers[0].hidden, "tokens": model.tokens, "dtype": config.dtype,
+                   "device": _device_name(device), "torch": torch.__version__, "steps": config.steps,
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+    }
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--model", metavar="FILE", help="a parsim model file instead of --layers/--hidden/--tokens")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on GPUs, fp32 on the CPU")
+    p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace of one step on rank 0")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag in ("gpus", "microbatches", "layers", "hidden", "tokens", "steps"):
+        if getattr(args, flag) < 1:
+            raise ParsimError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.warmup < 0 or not args.timeout > 0:
+        raise ParsimError("--warmup must be >= 0 and --timeout > 0")
+    if not args.cpu:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < args.gpus:
+            raise ParsimError(f"--gpus {args.gpus} needs {args.gpus} CUDA GPUs; this machine has {have} "
+                              "(pass --cpu to run the ranks on the CPU)")
+
+
+def main(args: argparse.Namespace) -> int:
+    _check(args)
+    model = load_model(args.model) if args.model else mlp_model(args.layers, args.hidden, args.tokens)
+    schedule = build(args.schedule, args.gpus, args.microbatches, args.virtual_stages)
+    if schedule.num_stages > len(model.layers):
+        raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
+    if model.tokens % schedule.num_microbatches:
+        raise ParsimError(f"{model.tokens} tokens do not split into {schedule.num_microbatches} equal micro-batches")
+    dtype = args.dtype or ("fp32" if args.cpu else "bf16")
+    report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
+                 "cpu" if args.cpu else "cuda", args.timeout)
+    print(json.dumps(report, indent=2) if args.json else _text(report))
+    return 0
+
+
+def _text(r: dict) -> str:
+    c = r["config"]
+    lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}, {c['microbatches']} micro-batches, "
+             f"{c['model']}, {c['dtype']}",
+             f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "
+             f"max {r['step_time_max_s'] * 1e3:.3f}, {c['steps']} steps)",
+             f"  speedup    {r['speedup']:.2f}x over one device ({r['single_device_step_s'] * 1e3:.3f} ms)",
+             f"  {'stage':>5} {'rank':>4} {'forward':>10} {'backward':>10}  peak memory"]
+    for s in r["per_stage"]:
+        mem = "-" if s["peak_memory_bytes"] is None else f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
+        fwd = "-" if s["forward_s"] is None else f"{s['forward_s'] * 1e3:.3f} ms"
+        bwd = "-" if s["backward_s"] is None else f"{s['backward_s'] * 1e3:.3f} ms"
+        lines.append(f"  {s['stage']:>5} {s['rank']:>4} {fwd:>10} {bwd:>10}  {mem}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, path: str) -> None:
+    write_atomic(path, json.dumps(report, indent=2) + "\n")

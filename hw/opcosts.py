@@ -1,0 +1,138 @@
+"""Host launch and sync costs, and standalone kernel costs, as `parsim.scenarios` needs them."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from parsim.profile import KernelCost
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 20, warmup: int = 3) -> float:
+    """Median wall time of fn() with the device synchronised before and after each call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int = 20) -> float:
+    """GPU time of one call of fn, without the host's launch gaps.
+
+    On CUDA a spin kernel keeps the GPU busy while the host queues `batch` calls, so CUDA events
+    around them time the GPU alone; on the CPU it is plain wall time.
+    """
+    if device.type != "cuda":
+        return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(4_000_000)  # ~2 ms at H200 clocks: longer than queueing the batch
+        start.record()
+        for _ in range(batch):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / batch)
+    return statistics.median(times)
+
+
+def launch_cost_s(device: torch.device, n: int = 2000, elements: int = 1_000_000, repeat: int = 5) -> float:
+    """Host time to launch one `y = x + 1` (new output from the caching allocator): the front end's t1.
+
+    Median of `repeat` loops of n launches; the GPU runs each faster than it is launched, so the
+    loop measures the host alone.
+    """
+    x = torch.ones(elements, device=device)
+    for _ in range(100):
+        x + 1
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x + 1
+        times.append((time.perf_counter() - t0) / n)  # the host returns before the GPU runs them
+    sync(device)
+    return statistics.median(times)
+
+
+def sync_cost_s(device: torch.device, n: int = 200) -> float:
+    """Time a synchronize takes when the GPU has nothing left to do: the front end's t3."""
+    sync(device)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def fit_kernel(work: list[float], seconds: list[float]) -> KernelCost:
+    """fixed_s + work / rate by least squares on relative error (sizes span decades)."""
+    a = np.column_stack([np.ones(len(work)), np.asarray(work, float)]) / np.asarray(seconds)[:, None]
+    (fixed, per_unit), *_ = np.linalg.lstsq(a, np.ones(len(work)), rcond=None)
+    per_unit = max(per_unit, 1e-30)
+    return KernelCost(float(max(fixed, 0.0)), float(1.0 / per_unit))
+
+
+def elementwise_cost(device: torch.device, sizes: list[int], repeat: int = 20) -> tuple[KernelCost, list[dict]]:
+    """`y = x + 1` over float32 tensors of each size; work is bytes read plus written."""
+    samples = []
+    for n in sizes:
+        x = torch.rand(n, device=device)
+        samples.append({"elements": n, "bytes": 8 * n, "seconds": gpu_time_s(lambda: x + 1, device, 50, repeat)})
+    return fit_kernel([s["bytes"] for s in samples], [s["seconds"] for s in samples]), samples
+
+
+def matmul_cost(device: torch.device, sizes: list[int], repeat: int = 10) -> tuple[KernelCost, list[dict]]:
+    """x.mm(x) over float32 square matrices of each size; work is 2 n^3 FLOPs."""
+    samples = []
+    for n in sizes:
+        x = torch.rand(n, n, device=device)
+        samples.append({"size": n, "flops": 2.0 * n**3, "seconds": gpu_time_s(lambda: x.mm(x), device, 5, repeat)})
+    return fit_kernel([s["flops"] for s in samples], [s["seconds"] for s in samples]), samples
+
+
+def measure_all(device: torch.device, quick: bool = False) -> dict:
+    """Every cost above, with its raw samples, as plain data for a profile and for the record."""
+    sizes = [1 << k for k in range(10, 27, 2)] if not quick else [1 << 10, 1 << 14, 1 << 18]
+    mm_sizes = [256, 512, 1024, 2048, 4096] if not quick else [32, 64]
+    ew, ew_samples = elementwise_cost(device, sizes)
+    mm, mm_samples = matmul_cost(device, mm_sizes)
+    return {
+        "host": {"launch_s": launch_cost_s(device), "sync_s": sync_cost_s(device)},
+        "kernels": {"elementwise": {"fixed_s": ew.fixed_s, "rate": ew.rate},
+                    "matmul": {"fixed_s": mm.fixed_s, "rate": mm.rate}},
+        "samples": {"elementwise": ew_samples, "matmul": mm_samples},
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    out = measure_all(dev, quick=dev.type == "cpu")
+    out["device"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+    out["torch"] = torch.__version__
+    out["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    json.dump(out, sys.stdout, indent=2)

@@ -1,0 +1,148 @@
+"""`python -m hw scenario NAME`: measure a textbook experiment that `parsim scenario` predicts.
+
+Each function runs the same program the simulator models and returns the same figure names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from hw.opcosts import sync
+from parsim.errors import ParsimError
+from parsim.files import write_atomic
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Median wall time over `repeat` runs of a whole program that ends in its own sync."""
+    fn()  # warm-up: allocator, cuBLAS handles, first-launch costs
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_async(device: torch.device, n: int = 10_000, elements: int = 1_000_000, repeat: int = 5) -> dict:
+    """`y = x + 1` n times: synchronised after each op, or once at the end."""
+    x = torch.rand(elements, device=device)
+
+    def sync_each() -> None:
+        for _ in range(n):
+            x + 1
+            sync(device)
+
+    def sync_once() -> None:
+        for _ in range(n):
+            x + 1
+        sync(device)
+
+    each, once = _timed(sync_each, device, repeat), _timed(sync_once, device, repeat)
+    return {"sync_each_s": each, "sync_once_s": once, "speedup_ratio": each / once}
+
+
+def measure_overlap(device: torch.device, n: int = 50, size: int = 4000, repeat: int = 3) -> dict:
+    """n products, each result copied to the host: all copies after all compute, or each as soon as ready."""
+    x = torch.rand(size, size, device=device)
+    results = [torch.empty(size, size, device=device) for _ in range(n)]
+    figures = {}
+    for pinned in (True, False):
+        pin = pinned and device.type == "cuda"
+        # Pre-touched host buffers: fresh host memory is slow to fill on the lent VM.
+        hosts = [torch.zeros(size, size, pin_memory=pin) for _ in range(n)]
+        copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+        def serial() -> None:
+            for r in results:
+                torch.mm(x, x, out=r)
+            for r, h in zip(results, hosts):
+                h.copy_(r, non_blocking=True)
+            sync(device)
+
+        def overlapped() -> None:
+            for r, h in zip(results, hosts):
+                torch.mm(x, x, out=r)
+                if copy_stream is None:
+                    h.copy_(r)
+                    continue
+                copy_stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(copy_stream):
+                    h.copy_(r, non_blocking=True)
+            sync(device)
+
+        memory = "pinned" if pinned else "pageable"
+        s, o = _timed(serial, device, repeat), _timed(overlapped, device, repeat)
+        figures |= {f"{memory}_serial_s": s, f"{memory}_overlapped_s": o, f"{memory}_speedup_ratio": s / o}
+    return figures
+
+
+def measure_multi_gpu(device: torch.device, n: int = 50, size: int = 4000, repeat: int = 3) -> dict:
+    """n products on GPU 0 alone, then on every GPU, issued back to back by one thread."""
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if count < 2:
+        raise ParsimError(f"the multi-gpu scenario needs at least 2 GPUs; this machine has {count}")
+    devices = [torch.device("cuda", d) for d in range(count)]
+    xs = [torch.rand(size, size, device=d) for d in devices]
+
+    def run(k: int) -> None:
+        for _ in range(n):
+            for x in xs[:k]:
+                x.mm(x)
+        for d in devices[:k]:
+            torch.cuda.synchronize(d)
+
+    one, many = _timed(lambda: run(1), device, repeat), _timed(lambda: run(count), device, repeat)
+    return {"one_gpu_s": one, "all_gpus_s": many, "all_over_one_ratio": many / one}
+
+
+MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu}
+TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16}}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(MEASURE))
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU at tiny sizes (a smoke test)")
+    parser.add_argument("--out", metavar="FILE", help="also write the result as JSON")
+    parser.add_argument("--profile", metavar="FILE", help="profile for the prediction shown beside it")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.cpu and not torch.cuda.is_available():
+        raise ParsimError("no CUDA GPU is visible; run on a GPU machine, or pass --cpu for a smoke test")
+    device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
+    figures = MEASURE[args.name](device, **(TINY[args.name] if args.cpu else {}))
+    result = {"scenario": args.name, "measured": figures, "device": _device_name(device),
+              "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "python": platform.python_version(), "tiny": bool(args.cpu)}
+    if not args.cpu:
+        result["predicted"] = _predicted(args.name, args.profile)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        write_atomic(args.out, text + "\n")
+    print(text)
+    return 0
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+
+
+def _predicted(name: str, profile_path: str | None) -> dict | str:
+    """parsim's figures for the same scenario, or why there are none."""
+    from parsim.errors import ProfileError
+    from parsim.profile import load_profile
+    from parsim.scenarios import SCENARIOS
+
+    try:
+        return SCENARIOS[name](load_profile(profile_path)).figures
+    except ProfileError as e:
+        return f"no prediction: {e}"

@@ -1,0 +1,117 @@
+"""`python -m hw validate`: measure a grid of pipeline steps and predict each; one CSV row a point.
+
+The profile comes from --profile, or from a calibration run first (written into --out). The CSV
+is what `python -m parsim compare --measured FILE` reads to print the error table and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from hw.measure import Config, run
+from parsim.compare import COLUMNS, compare
+from parsim.errors import ParsimError
+from parsim.files import write_atomic
+from parsim.predict import predict
+from parsim.profile import load_profile
+from parsim.schedules import SCHEDULES, build
+from parsim.workload import mlp_model
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ParsimError(f"{flag} takes whole numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ParsimError(f"{flag} needs whole numbers >= 1, got {text!r}")
+    return values
+
+
+def _models(text: str) -> list[tuple[int, int, int]]:
+    """'16x2048x8192,8x256x1024' -> [(layers, hidden, tokens), ...]."""
+    out = []
+    for spec in text.split(","):
+        parts = spec.lower().split("x")
+        if len(parts) != 3:
+            raise ParsimError(f"--models takes LAYERSxHIDDENxTOKENS items, got {spec!r}")
+        out.append(tuple(_ints(",".join(parts), "--models")))
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default="2,4", help="pipeline sizes, comma-separated (default 2,4)")
+    p.add_argument("--schedules", default="gpipe,1f1b")
+    p.add_argument("--microbatches", default="1,2,4,8,16,32")
+    p.add_argument("--models", default="16x2048x8192,8x256x1024",
+                   help="LAYERSxHIDDENxTOKENS, comma-separated (default: a compute-bound and a dispatch-bound one)")
+    p.add_argument("--profile", metavar="FILE", help="use this profile instead of calibrating first")
+    p.add_argument("--out", default="validation", metavar="DIR", help="folder for the CSV, profile and plots")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests)")
+    p.add_argument("--timeout", type=float, default=120.0)
+
+
+def _profile(args: argparse.Namespace, out: Path):
+    if args.profile:
+        return load_profile(args.profile), args.profile
+    path = out / "profile.json"
+    cmd = [sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"] + (["--cpu"] if args.cpu else [])
+    done = subprocess.run(cmd, text=True, stdout=sys.stderr)
+    if done.returncode:
+        raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
+    return load_profile(path), str(path)
+
+
+def main(args: argparse.Namespace) -> int:
+    gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
+    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown or not schedules:
+        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sorted(SCHEDULES))}")
+    models = _models(args.models)
+    if not args.cpu:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < max(gpus):
+            raise ParsimError(f"--gpus {max(gpus)} needs {max(gpus)} CUDA GPUs; this machine has {have}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile, profile_path = _profile(args, out)
+    points = [(s, p, m, model) for model in models for p in gpus for s in schedules for m in mbs
+              if model[0] >= p and model[2] % m == 0]
+    device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
+    rows = []
+    for schedule_name, p, m, (layers, hidden, tokens) in tqdm(points, desc="validating", file=sys.stderr):
+        model = mlp_model(layers, hidden, tokens)
+        schedule = build(schedule_name, p, m)
+        measured = run(schedule, model, Config(args.steps, args.warmup, dtype), device, args.timeout)
+        predicted, _ = predict(schedule, model, profile)
+        rows.append({"schedule": schedule_name, "gpus": p, "microbatches": m, "layers": layers, "hidden": hidden,
+                     "tokens": tokens, "measured_s": measured["step_time_s"],
+                     "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
+                     "measured_single_gpu_s": measured["single_device_step_s"],
+                     "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
+                     "excluded": "", "dtype": dtype, "device": measured["config"]["device"],
+                     "torch": measured["config"]["torch"], "date": measured["config"]["date"],
+                     "profile": profile_path})
+    csv_path = out / "results.csv"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "dtype", "device", "torch", "date", "profile"])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(csv_path, buf.getvalue())
+    table, plots = compare(csv_path, out)
+    print(table)
+    print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
+    write_atomic(out / "summary.json", json.dumps({"points": len(rows), "profile": profile_path}, indent=2) + "\n")
+    return 0

@@ -1,0 +1,114 @@
+"""Starts one process per rank on this machine and brings back their results, or one clear error.
+
+Every wait is bounded: the process group's timeout bounds each collective and message, and the
+parent's deadline bounds the whole run; when one rank fails, the others are stopped at once.
+Under torchrun (RANK set) `hw` runs as that rank instead, so the same code runs across hosts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from parsim.errors import ParsimError
+
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def init_rank(rank: int, world: int, device: str, timeout_s: float) -> torch.device:
+    """Join the process group (env:// rendezvous) and pick this rank's device."""
+    os.environ.update(SAFE_NCCL_ENV)
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=dev if device == "cuda" else None)
+    return dev
+
+
+def _entry(rank: int, world: int, device: str, timeout_s: float, fn: Callable, args: tuple, results: Any) -> None:
+    try:
+        dev = init_rank(rank, world, device, timeout_s)
+        out = fn(rank, world, dev, *args)
+        # Plain pickle copies tensors into the message; torch's queue would share their storage by file
+        # descriptor, which vanishes when this process exits before the parent has read it.
+        results.put((rank, "ok", pickle.dumps(out)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+        results.put((rank, "error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
+                pass
+
+
+def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeout_s: float = 60.0,
+          deadline_s: float = 600.0) -> list[Any]:
+    """Run fn(rank, world, device, *args) in `world` processes; return their results by rank.
+
+    Raises ParsimError naming the first rank that failed, once every process has been stopped.
+    """
+    ctx = mp.get_context("spawn")
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **SAFE_NCCL_ENV})
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_entry, args=(r, world, device, timeout_s, fn, args, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    failure: str | None = None
+    end = time.monotonic() + deadline_s
+    try:
+        while len(outputs) < world and failure is None:
+            if time.monotonic() > end:
+                failure = f"the run passed its {deadline_s:.0f} s deadline"
+                break
+            try:
+                rank, status, *rest = results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outputs]
+                if dead:
+                    failure = f"rank {dead[0]} exited with status {procs[dead[0]].exitcode}"
+                continue
+            if status == "ok":
+                outputs[rank] = pickle.loads(rest[0])
+            else:
+                failure = f"rank {rank} failed: {rest[0]}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if failure:
+        raise ParsimError(failure + "; every other rank was stopped")
+    return [outputs[r] for r in range(world)]

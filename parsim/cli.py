@@ -1,0 +1,235 @@
+"""`python -m parsim {predict,sweep,plan,scenario,compare}`: predict a pipeline step from a profile, anywhere."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from parsim.errors import ParsimError
+from parsim.predict import Prediction, Simulation, predict
+from parsim.profile import Profile, load_profile
+from parsim.report import fmt_bytes, fmt_time, to_json, to_text
+from parsim.scenarios import SCENARIOS
+from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.workload import Model, load_model, mlp_model
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    return [_positive_int(t) for t in text.split(",") if t]
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (default: the MLP stack that `python -m hw measure` runs)")
+    g.add_argument("--layers", type=_positive_int, default=16, help="MLP blocks (default 16)")
+    g.add_argument("--hidden", type=_positive_int, default=2048, help="hidden size (default 2048)")
+    g.add_argument("--tokens", type=_positive_int, default=8192, help="tokens per step, all micro-batches (default 8192)")
+    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of --layers/--hidden")
+    p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
+    p.add_argument("--copy-streams", action="store_true",
+                   help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
+
+
+def _model(args: argparse.Namespace) -> Model:
+    if args.model:
+        return load_model(args.model)
+    return mlp_model(args.layers, args.hidden, args.tokens)
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """Bad flags get one line and exit status 2, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(prog="python -m parsim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
+
+    p = sub.add_parser("predict", help="predict one training step")
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--gpus", type=_positive_int, default=4, help="GPUs in all (default 4)")
+    p.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D",
+                   help="pipeline replicas whose gradients are all-reduced; --gpus / D stages each (default 1)")
+    p.add_argument("--microbatches", type=_positive_int, help="micro-batches per step (default 4 x GPUs)")
+    p.add_argument("--virtual-stages", type=_positive_int, metavar="V",
+                   help="stages per GPU, for interleaved-1f1b (default 2)")
+    _add_model_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--trace", metavar="FILE", help="write the timeline as a Chrome/Perfetto trace (JSON)")
+    p.add_argument("--plot", metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
+
+    s = sub.add_parser("sweep", help="predict over schedules and micro-batch counts; print a table")
+    s.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
+    s.add_argument("--gpus", type=_positive_int, default=4)
+    s.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D")
+    s.add_argument("--virtual-stages", type=_positive_int, metavar="V", help="for interleaved-1f1b (default 2)")
+    s.add_argument("--microbatches", type=_int_list, default=[1, 2, 4, 8, 16, 32],
+                   help="comma-separated counts (default 1,2,4,8,16,32)")
+    _add_model_args(s)
+    s.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
+
+    pl = sub.add_parser("plan", help="rank schedules and micro-batch counts by predicted step time")
+    pl.add_argument("--gpus", type=_positive_int, default=4)
+    pl.add_argument("--memory-limit", type=float, metavar="GB", help="GPU memory per device, in GB (10^9 bytes)")
+    pl.add_argument("--schedules", help="comma-separated (default: all)")
+    pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
+    pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
+    _add_model_args(pl)
+
+    sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
+    sc.add_argument("name", choices=sorted(SCENARIOS))
+    sc.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped one)")
+    sc.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
+    c.add_argument("--measured", required=True, metavar="CSV", help="results written by `python -m hw validate`")
+    c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's folder)")
+    return parser
+
+
+MAX_ACTIONS = 20_000_000  # about three minutes of simulation at ~100k actions/s
+
+
+def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule: str,
+             microbatches: int) -> tuple[Prediction, Simulation]:
+    # predict passes --virtual-stages on, so a schedule that has none refuses it; sweep mixes
+    # schedules, so there it applies to the interleaved ones only
+    virtual = args.virtual_stages if schedule in VIRTUAL or args.command == "predict" else None
+    estimate = 4 * args.gpus * (virtual or 1) * microbatches  # compute, sends and receives per stage
+    if estimate > MAX_ACTIONS:
+        raise ParsimError(f"{args.gpus} GPUs x {microbatches} micro-batches is about {estimate:,} actions, "
+                          f"past the {MAX_ACTIONS:,} this tool simulates (minutes each); use fewer")
+    dp = args.data_parallel
+    if args.gpus % dp:
+        raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
+    return predict(build(schedule, args.gpus // dp, microbatches, virtual), model, profile, args.copy_streams, dp)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    profile, model = load_profile(args.profile), _model(args)
+    m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
+    prediction, sim = _predict(args, profile, model, args.schedule, m)
+    if args.trace:
+        from parsim.trace import write_trace
+
+        write_trace(sim, args.trace)
+    if args.plot:
+        from parsim.plot import write_gantt
+
+        write_gantt(sim, args.plot, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
+                                    f"{fmt_time(prediction.step_time_s)}")
+    print(json.dumps(to_json(prediction), indent=2) if args.json else to_text(prediction))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    profile, model = load_profile(args.profile), _model(args)
+    names = _schedule_names(args.schedules)
+    results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
+    if args.json:
+        print(json.dumps([to_json(r) for r in results], indent=2))
+        return 0
+    print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    print(f"{'schedule':<17} {'m':>5} {'step time':>12} {'speedup':>8} {'bubble':>7}  max peak activations")
+    for r in results:
+        peak = max(g.peak_activation_bytes for g in r.per_gpu)
+        print(f"{r.schedule:<17} {r.microbatches:>5} {fmt_time(r.step_time_s):>12} {r.speedup:>7.2f}x "
+              f"{r.bubble_fraction:>7.1%}  {fmt_bytes(peak)}")
+    return 0
+
+
+def _schedule_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown or not names:
+        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; "
+                          f"choose from: {', '.join(sorted(SCHEDULES))}")
+    return names
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from parsim.plan import plan
+
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
+    limit = args.memory_limit * 1e9 if args.memory_limit else None
+    profile, model = load_profile(args.profile), _model(args)
+    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules))
+    print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    if not fits:
+        smallest = min(too_big, key=lambda c: c.memory_bytes)
+        raise ParsimError(f"no configuration fits in {args.memory_limit} GB per GPU; the smallest, "
+                          f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
+    print(f"{'rank':>4}  {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
+    for i, c in enumerate(fits[: args.top], start=1):
+        p = c.prediction
+        print(f"{i:>4}  {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
+              f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
+    if too_big:
+        print(f"({len(too_big)} more configurations exceed the memory limit)")
+    if args.trace:
+        from parsim.trace import write_trace
+
+        best = fits[0]
+        schedule = build(best.schedule, args.gpus, best.microbatches,
+                         best.virtual_stages if best.schedule in VIRTUAL else None)
+        write_trace(predict(schedule, model, profile, args.copy_streams)[1], args.trace)
+    return 0
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    result = SCENARIOS[args.name](load_profile(args.profile))
+    if args.json:
+        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures}, indent=2))
+        return 0
+    print(f"{result.name}: {result.description}")
+    for key, value in result.figures.items():
+        shown = f"{value:.3f}" if key.endswith("_ratio") else fmt_time(value)
+        mark = "   <- headline" if key == result.headline else ""
+        print(f"  {key:<28} {shown:>12}{mark}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from parsim.compare import compare
+
+    table, plots = compare(args.measured, args.out)
+    print(table)
+    print("plots: " + ", ".join(map(str, plots)))
+    return 0
+
+
+COMMANDS = {"predict": cmd_predict, "sweep": cmd_sweep, "plan": cmd_plan, "scenario": cmd_scenario,
+            "compare": cmd_compare}
+
+
+def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback."""
+    try:
+        return command(args)
+    except ParsimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return run_command(COMMANDS[args.command], args)

@@ -1,0 +1,180 @@
+"""Predicted against measured: the error table and the plots, re-drawn offline from a results CSV.
+
+`hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
+are kept and ignored); a row whose `excluded` column is non-empty is shown but left out of the
+error summary, with that column as its measured reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from parsim.errors import ParsimError
+from parsim.files import write_atomic
+
+COLUMNS = ("schedule", "gpus", "microbatches", "layers", "hidden", "tokens", "measured_s",
+           "measured_min_s", "measured_max_s", "measured_single_gpu_s", "predicted_s",
+           "predicted_single_gpu_s")
+
+
+@dataclass(frozen=True)
+class Point:
+    schedule: str
+    gpus: int
+    microbatches: int
+    model: str
+    measured_s: float
+    measured_min_s: float
+    measured_max_s: float
+    measured_single_gpu_s: float
+    predicted_s: float
+    predicted_single_gpu_s: float
+    excluded: str = ""
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted step time: predicted / measured - 1."""
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def measured_speedup(self) -> float:
+        return self.measured_single_gpu_s / self.measured_s
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.predicted_single_gpu_s / self.predicted_s
+
+    @property
+    def speedup_error(self) -> float:
+        return self.predicted_speedup / self.measured_speedup - 1
+
+
+def read_points(path: str | Path) -> list[Point]:
+    """Rows of a results CSV, checked: every column present, every time a positive number."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ParsimError(f"cannot read results {path}: {e.strerror or e}") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ParsimError(f"results {path} lacks column(s): {', '.join(missing)}")
+    points = []
+    for n, row in enumerate(reader, start=2):
+        try:
+            times = {c: float(row[c]) for c in COLUMNS if c.endswith("_s")}
+            if not all(t > 0 for t in times.values()):  # also rejects NaN
+                raise ValueError("times must be positive")
+            model = f"{row['layers']}x h={row['hidden']}, {row['tokens']} tokens"
+            points.append(Point(row["schedule"], int(row["gpus"]), int(row["microbatches"]), model,
+                                excluded=(row.get("excluded") or "").strip(), **times))
+        except (TypeError, ValueError) as e:
+            raise ParsimError(f"results {path}, line {n}: {e}") from None
+    if not points:
+        raise ParsimError(f"results {path} has no rows")
+    return points
+
+
+def summary(points: list[Point]) -> dict[str, float]:
+    """Median and worst absolute error of step time and of speedup, over the included points."""
+    used = [p for p in points if not p.excluded]
+    if not used:
+        raise ParsimError("every point is excluded: nothing to summarise")
+    errors = [abs(p.error) for p in used]
+    speedups = [abs(p.speedup_error) for p in used]
+    return {"points": len(used), "excluded": len(points) - len(used),
+            "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
+            "max_abs_speedup_error": max(speedups)}
+
+
+def error_table(points: list[Point]) -> str:
+    lines = [f"{'model':<28} {'schedule':<8} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
+             f"{'error':>7} {'speedup m/p':>13}"]
+    for p in points:
+        note = f"  excluded: {p.excluded}" if p.excluded else ""
+        lines.append(f"{p.model:<28} {p.schedule:<8} {p.gpus:>4} {p.microbatches:>4} "
+                     f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
+                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}{note}")
+    s = summary(points)
+    lines.append(f"\n{s['points']} points ({s['excluded']} excluded): median |error| {s['median_abs_error']:.1%}, "
+                 f"worst {s['max_abs_error']:.1%}; worst speedup error {s['max_abs_speedup_error']:.1%}")
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def plot_step_times(points: list[Point], path: Path) -> None:
+    """Predicted against measured step time, log-log, with y = x and a +-10% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    lo = min(min(p.measured_s, p.predicted_s) for p in points) * 1e3 / 1.3
+    hi = max(max(p.measured_s, p.predicted_s) for p in points) * 1e3 * 1.3
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.85", label="+-10%")
+    groups = defaultdict(list)
+    for p in points:
+        groups[p.schedule, p.model].append(p)
+    for (schedule, model), pts in sorted(groups.items()):
+        ax.errorbar([p.measured_s * 1e3 for p in pts], [p.predicted_s * 1e3 for p in pts],
+                    xerr=[[(p.measured_s - p.measured_min_s) * 1e3 for p in pts],
+                          [(p.measured_max_s - p.measured_s) * 1e3 for p in pts]],
+                    fmt="o", ms=4, label=f"{schedule}, {model}")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured step time (ms)", ylabel="predicted step time (ms)")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_speedups(points: list[Point], path: Path) -> None:
+    """Speedup over one GPU against micro-batch count: measured markers, predicted lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({p.model for p in points})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        groups = defaultdict(list)
+        for p in points:
+            if p.model == model:
+                groups[p.schedule, p.gpus].append(p)
+        for (schedule, gpus), pts in sorted(groups.items()):
+            pts.sort(key=lambda p: p.microbatches)
+            xs = [p.microbatches for p in pts]
+            line = ax.plot(xs, [p.predicted_speedup for p in pts], "-", label=f"{schedule}, {gpus} GPUs: predicted")
+            ax.plot(xs, [p.measured_speedup for p in pts], "o", color=line[0].get_color(), label="measured")
+        ax.set(xscale="log", xlabel="micro-batches", ylabel="speedup over one GPU", title=model)
+        ax.set_xticks(sorted({p.microbatches for p in points}), [str(m) for m in sorted({p.microbatches for p in points})])
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def compare(csv_path: str | Path, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
+    """The error table, and the two plots written into out_dir (default: the CSV's folder)."""
+    points = read_points(csv_path)
+    out = Path(out_dir) if out_dir else Path(csv_path).parent
+    if not out.is_dir():
+        raise ParsimError(f"output folder {out} does not exist")
+    stem = Path(csv_path).stem
+    paths = [out / f"{stem}-step-times.png", out / f"{stem}-speedups.png"]
+    plot_step_times(points, paths[0])
+    plot_speedups(points, paths[1])
+    return error_table(points), paths

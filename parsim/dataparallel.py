@@ -1,0 +1,53 @@
+"""Data parallelism: each stage's gradients all-reduced across pipeline replicas, in DDP's buckets.
+
+Replica r of a p-stage pipeline runs on GPUs r*p .. r*p+p-1. A stage's gradients are cut into
+buckets of DDP's default 25 MiB; bucket k's all-reduce starts once the k-th chunk of the stage's
+last backward is done on every replica, so it overlaps the rest of that backward, as DDP's hooks
+do. All-reduces of one group of GPUs share one stream, as NCCL runs them on one communicator.
+"""
+
+from __future__ import annotations
+
+import math
+
+from parsim.errors import ProfileError
+from parsim.machine import Launch, Machine
+from parsim.pipeline import Lowered
+from parsim.profile import CollectiveSpec, Profile
+from parsim.schedules import Schedule
+from parsim.workload import StageCost
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
+
+
+def gradient_buckets(costs: list[StageCost], bucket_bytes: int = DDP_BUCKET_BYTES) -> dict[int, int]:
+    """Stage -> how many buckets its gradients fill."""
+    return {s: max(1, math.ceil(c.grad_bytes / bucket_bytes)) for s, c in enumerate(costs)}
+
+
+def allreduce_spec(profile: Profile, gpus: list[int]) -> CollectiveSpec:
+    """Within a node, the calibrated NCCL all-reduce; across nodes, a ring bound by the network link."""
+    if "allreduce" not in profile.collectives:
+        raise ProfileError("this profile has no collectives.allreduce cost, which data parallelism needs: "
+                           "re-run `python -m hw calibrate` on several GPUs")
+    if len({g // profile.gpus_per_node for g in gpus}) == 1:
+        return profile.collectives["allreduce"]
+    network = profile.links["network"]
+    return CollectiveSpec(network.latency_s, network.bandwidth_Bps, network.measured)
+
+
+def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
+                           replicas: list[Lowered], buckets: dict[int, int]) -> None:
+    """Append each stage's bucketed all-reduce to every replica's host program."""
+    dp, pp = len(replicas), schedule.num_ranks
+    hosts = {h.name: h for h in machine.hosts}
+    for stage in reversed(range(schedule.num_stages)):  # backward reaches the last stages first
+        group = [r * pp + schedule.stage_to_rank[stage] for r in range(dp)]
+        n = buckets[stage]
+        seconds = allreduce_spec(profile, group).allreduce_s(costs[stage].grad_bytes / n, dp)
+        track = "allreduce gpus " + ",".join(map(str, group))
+        for k in range(n):
+            op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm", issuers=dp)
+            for replica, gpu in zip(replicas, group):
+                op.deps.append(replica.grad_chunks[stage][k])
+                hosts[f"host{gpu}"].steps.append(Launch(op, profile.host.p2p_s, profile.host.p2p_s))

@@ -1,0 +1,251 @@
+"""The machine model in SimPy: host threads issue ops onto streams; streams run them in order.
+
+Asynchronous execution falls out of it: a host pays a dispatch cost per op and moves on, an op
+starts once issued, once its stream reaches it and once its dependencies (events, as
+cudaStreamWaitEvent) are done. Ops holding a shared resource (a copy engine, a link)
+serialise on it; ops on different streams and resources overlap.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import simpy
+
+from parsim.errors import ScheduleError
+
+
+class Op:
+    """One piece of device work (kernel, copy, message) on one stream.
+
+    It may start once every host that must issue it has done so (`issuers`), its stream is
+    free, its dependencies are done and its resources are free. Waiting on an op that is
+    already issued or done costs no simulation event. It lasts `gpu_s`, but not
+    less than the host's last launch plus `tail_s`: a host issuing kernels slower than the
+    GPU runs them keeps the GPU waiting.
+    """
+
+    __slots__ = ("env", "label", "track", "category", "gpu_s", "tail_s", "deps", "resources", "issuers",
+                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done")
+
+    def __init__(self, env: simpy.Environment, label: object, track: str, gpu_s: float, *,
+                 category: str = "compute", tail_s: float = 0.0, issuers: int = 1,
+                 resources: tuple[simpy.Resource, ...] = ()):
+        if not gpu_s >= 0:  # also rejects NaN
+            raise ScheduleError(f"{label}: duration must be >= 0 seconds, got {gpu_s}")
+        self.env = env
+        self.label, self.track, self.category = label, track, category
+        self.gpu_s, self.tail_s = gpu_s, tail_s
+        self.deps: list[Op] = []
+        self.resources = resources
+        self.issuers = issuers
+        self.available_at = 0.0
+        self.last_issue_at = 0.0
+        self.start_s = self.end_s = float("nan")
+        # False until it happens; then True, or the event that waiters yield on (fired then).
+        self._issued: bool | simpy.Event = False
+        self._done: bool | simpy.Event = False
+
+    @property
+    def name(self) -> str:
+        """What the op is, e.g. 'F(s0,m3)'; built on demand, as large runs never print most ops."""
+        return str(self.label)
+
+    @property
+    def is_done(self) -> bool:
+        return self._done is True
+
+    @property
+    def is_issued(self) -> bool:
+        return self._issued is True
+
+    def wait_done(self) -> simpy.Event:
+        """An event that fires when the op ends; only for an op that is not done."""
+        if self._done is False:
+            self._done = self.env.event()
+        return self._done
+
+    def wait_issued(self) -> simpy.Event:
+        if self._issued is False:
+            self._issued = self.env.event()
+        return self._issued
+
+    def finish(self, start_s: float, end_s: float) -> None:
+        self.start_s, self.end_s = start_s, end_s
+        waiters, self._done = self._done, True
+        if waiters is not False:
+            waiters.succeed()
+
+    def issue(self, now: float, first_s: float, last_s: float) -> None:
+        """A host starts launching this op at `now`: its first kernel is out after first_s."""
+        self.available_at = max(self.available_at, now + first_s)
+        self.last_issue_at = max(self.last_issue_at, now + last_s)
+        self.issuers -= 1
+        if self.issuers == 0:
+            waiters, self._issued = self._issued, True
+            if waiters is not False:
+                waiters.succeed()
+
+
+class Launch(NamedTuple):
+    """Host step: spend host_s launching `op`; the device may start it after first_s."""
+
+    op: Op
+    host_s: float
+    first_s: float
+
+
+class Sync(NamedTuple):
+    """Host step: block until every op in `ops` is done (cudaStreamSynchronize, .item(), ...)."""
+
+    ops: tuple[Op, ...]
+
+
+@dataclass
+class HostThread:
+    """One rank's Python thread: runs its steps in order, busy during launches."""
+
+    name: str
+    steps: list[Launch | Sync] = field(default_factory=list)
+    spans: list[tuple[Op, float, float]] = field(default_factory=list)  # (op launched, start, end)
+    finished_at: float | None = None
+    blocked_on: Op | None = None
+
+    def run(self, env: simpy.Environment) -> Iterator[simpy.Event]:
+        # The thread never blocks between two syncs, so each run of launches is issued in one go,
+        # at the times it would reach each op: one simulation event per run instead of per op.
+        spans = self.spans
+        t = env.now
+        for step in self.steps:
+            if isinstance(step, Launch):
+                step.op.issue(t, step.first_s, step.host_s)
+                if step.host_s > 0:
+                    spans.append((step.op, t, t + step.host_s))
+                    t += step.host_s
+                continue
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            for op in step.ops:
+                if op._done is not True:
+                    self.blocked_on = op
+                    yield op.wait_done()
+            self.blocked_on = None
+            t = env.now
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        self.finished_at = env.now
+
+
+class Stream:
+    """A CUDA stream (or a message channel): runs its ops one at a time, in order."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ops: list[Op] = []
+
+    @property
+    def head(self) -> Op | None:
+        """The first op not yet done (where a stuck stream is stuck)."""
+        return next((op for op in self.ops if op._done is not True), None)
+
+    def run(self, env: simpy.Environment) -> Iterator[simpy.Event]:
+        timeout = env.timeout
+        for op in self.ops:
+            if op._issued is not True:
+                yield op.wait_issued()
+            for dep in op.deps:
+                if dep._done is not True:
+                    yield dep.wait_done()
+            if op.resources:
+                requests = [r.request() for r in op.resources]
+                for req in requests:
+                    yield req
+            now = env.now
+            start = op.available_at if op.available_at > now else now
+            end = start + op.gpu_s
+            if op.last_issue_at + op.tail_s > end:
+                end = op.last_issue_at + op.tail_s
+            if end > now:
+                yield timeout(end - now)
+            if op.resources:
+                for r, req in zip(op.resources, requests):
+                    r.release(req)
+            op.finish(start, end)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Large runs allocate millions of short-lived objects; the cycle collector only slows them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class Machine:
+    """Streams, shared resources and host threads in one SimPy environment."""
+
+    def __init__(self) -> None:
+        self.env = simpy.Environment()
+        self.streams: dict[str, Stream] = {}
+        self.resources: dict[str, simpy.Resource] = {}
+        self.hosts: list[HostThread] = []
+
+    def stream(self, name: str) -> Stream:
+        if name not in self.streams:
+            self.streams[name] = Stream(name)
+        return self.streams[name]
+
+    def resource(self, name: str) -> simpy.Resource:
+        """A unit that serves one op at a time: a copy engine, a link."""
+        if name not in self.resources:
+            self.resources[name] = simpy.Resource(self.env, capacity=1)
+        return self.resources[name]
+
+    def op(self, stream: str, label: object, gpu_s: float, **kwargs) -> Op:
+        """A new op at the end of `stream`; str(label) names it."""
+        op = Op(self.env, label, stream, gpu_s, **kwargs)
+        self.stream(stream).ops.append(op)
+        return op
+
+    def host(self, name: str) -> HostThread:
+        thread = HostThread(name)
+        self.hosts.append(thread)
+        return thread
+
+    def run(self) -> float:
+        """Simulate to the end; return when the last host finished, or raise on a deadlock."""
+        env = self.env
+        with gc_paused():
+            for s in self.streams.values():
+                env.process(s.run(env))
+            for h in self.hosts:
+                env.process(h.run(env))
+            env.run()
+        if any(h.finished_at is None for h in self.hosts) or any(
+                s.ops and not s.ops[-1].is_done for s in self.streams.values()):
+            raise ScheduleError("deadlock: " + self._stuck_report())
+        return max((h.finished_at for h in self.hosts), default=0.0)
+
+    def _stuck_report(self) -> str:
+        lines = []
+        for s in self.streams.values():
+            op = s.head
+            if op is not None:
+                if not op.is_issued:
+                    why = "never issued by every host that must issue it"
+                else:
+                    pending = [d.name for d in op.deps if not d.is_done]
+                    why = f"waiting for {', '.join(pending)}"
+                lines.append(f"{s.name} stuck at {op.name} ({why})")
+        for h in self.hosts:
+            if h.blocked_on is not None:
+                lines.append(f"{h.name} blocked in a sync on {h.blocked_on.name}")
+        return "; ".join(lines[:6]) + ("; ..." if len(lines) > 6 else "")

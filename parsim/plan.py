@@ -1,0 +1,91 @@
+"""Search configurations for a model and GPU count; rank them by predicted step time.
+
+Candidates: every schedule, power-of-two micro-batch counts, virtual stages 2 and 4 for
+interleaving, and every data-parallel degree that divides the GPUs.
+
+Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer
+state, taken as mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients,
+fp32 master weights and two moments).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.errors import ParsimError
+from parsim.predict import Prediction, predict
+from parsim.profile import Profile
+from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.workload import Model, partition
+
+OPTIMIZER_BYTES_PER_PARAM = 16
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: str
+    microbatches: int
+    virtual_stages: int
+    data_parallel: int
+    prediction: Prediction
+    memory_bytes: int  # the most any one GPU needs
+
+    @property
+    def label(self) -> str:
+        v = f", v={self.virtual_stages}" if self.schedule in VIRTUAL else ""
+        dp = f", dp={self.data_parallel}" if self.data_parallel > 1 else ""
+        return f"{self.schedule} m={self.microbatches}{v}{dp}"
+
+
+def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank: tuple[int, ...]) -> list[int]:
+    """Parameters each rank of one pipeline holds."""
+    per_layer = [layer.params for layer in model.layers]
+    held = [0] * num_ranks
+    for stage, layers in enumerate(partition(len(model.layers), num_stages)):
+        held[stage_to_rank[stage]] += sum(per_layer[i] for i in layers)
+    return held
+
+
+def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
+    """Powers of two from 1 to `most` that split the batch evenly (none for an empty batch)."""
+    return [m for m in (1 << k for k in range(most.bit_length())) if m <= most and tokens and tokens % m == 0]
+
+
+def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, data_parallel: bool):
+    """(schedule, pipeline GPUs, micro-batches, virtual stages, replicas) that can run."""
+    for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if data_parallel else (1,):
+        pp = gpus // dp
+        for name in names:
+            for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
+                for v in ((2, 4) if name in VIRTUAL else (1,)):
+                    interleaving_pointless = name in VIRTUAL and (pp == 1 or m % pp)
+                    if pp * v <= len(model.layers) and not interleaving_pointless:
+                        yield name, pp, m, v, dp
+
+
+def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
+               max_microbatches: int = 256, data_parallel: bool = True) -> list[Candidate]:
+    """Every configuration that can run, predicted; those that cannot are skipped, not errors.
+
+    Data-parallel degrees are tried only where the profile can cost an all-reduce.
+    """
+    dp_ok = data_parallel and "allreduce" in profile.collectives
+    out = []
+    for name, pp, m, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
+        schedule = build(name, pp, m, v if name in VIRTUAL else None)
+        prediction, _ = predict(schedule, model, profile, data_parallel=dp)
+        params = params_per_gpu(model, pp, schedule.num_stages, schedule.stage_to_rank) * dp
+        memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
+                     for g, n in zip(prediction.per_gpu, params))
+        out.append(Candidate(name, m, v, dp, prediction, memory))
+    return out
+
+
+def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
+         schedules: list[str] | None = None) -> tuple[list[Candidate], list[Candidate]]:
+    """(fitting, too big): configurations under the memory limit, fastest first, and the rest."""
+    found = sorted(candidates(model, gpus, profile, schedules), key=lambda c: c.prediction.step_time_s)
+    if not found:
+        raise ParsimError("no configuration can run this model on these GPUs")
+    fits = [c for c in found if memory_limit_bytes is None or c.memory_bytes <= memory_limit_bytes]
+    return fits, [c for c in found if c not in fits]

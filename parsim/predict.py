@@ -1,0 +1,112 @@
+"""Predicts one training step: simulate the schedule, then read step time, bubble and memory off it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.machine import Machine, Op, gc_paused
+from parsim.dataparallel import add_gradient_allreduce, gradient_buckets
+from parsim.pipeline import compute_track, finish_step, lower, peak_stashed_microbatches
+from parsim.profile import Profile
+from parsim.schedules import Schedule, gpipe
+from parsim.validate import validate
+from parsim.workload import Model, StageCost, stage_costs
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    rank: int
+    stages: tuple[int, ...]
+    busy_s: float  # time its compute stream runs kernels
+    bubble_fraction: float  # 1 - busy_s / step_time_s
+    peak_activation_bytes: int
+
+
+@dataclass(frozen=True)
+class Prediction:
+    schedule: str
+    gpus: int  # all of them: pipeline stages' GPUs times data-parallel replicas
+    microbatches: int
+    model: str
+    step_time_s: float
+    single_gpu_step_s: float
+    tokens: int
+    per_gpu: tuple[GpuReport, ...]
+    profile: str
+    data_parallel: int = 1
+
+    @property
+    def speedup(self) -> float:
+        return self.single_gpu_step_s / self.step_time_s
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        return self.tokens / self.step_time_s
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of all GPUs' compute time over the step."""
+        busy = sum(g.busy_s for g in self.per_gpu)
+        return 1.0 - busy / (self.gpus * self.step_time_s)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The simulated step: its length, and every op and host launch with its times, for timelines."""
+
+    step_time_s: float
+    ops: list[Op]
+    host_spans: dict[str, list[tuple[Op, float, float]]]
+
+
+def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
+             copy_streams: bool = False, data_parallel: int = 1) -> Simulation:
+    """Run one step of `schedule` with per-stage `costs` on the machine `profile` describes,
+    on `data_parallel` replicas of the pipeline whose gradients are all-reduced."""
+    with gc_paused():
+        validate(schedule, copy_streams, check_deadlock=False)  # the simulation itself finds deadlocks
+        machine = Machine()
+        buckets = gradient_buckets(costs) if data_parallel > 1 else None
+        replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets)
+                    for r in range(data_parallel)]
+        if data_parallel > 1:
+            add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
+        finish_step(machine)
+        step = machine.run()
+    ops = [op for s in machine.streams.values() for op in s.ops]
+    return Simulation(step, ops, {h.name: h.spans for h in machine.hosts})
+
+
+def single_gpu_step_s(model: Model, profile: Profile) -> float:
+    """The same model and batch on one GPU, one forward and one backward, no micro-batching."""
+    return simulate(gpipe(1, 1), stage_costs(model, 1, 1, profile), profile).step_time_s
+
+
+def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
+            data_parallel: int = 1) -> tuple[Prediction, Simulation]:
+    """Predict the step of `model` under `schedule` (on each of `data_parallel` replicas), with the
+    simulation behind the numbers."""
+    with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
+        return _predict(schedule, model, profile, copy_streams, data_parallel)
+
+
+def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool, data_parallel: int,
+             ) -> tuple[Prediction, Simulation]:
+    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, profile, data_parallel)
+    sim = simulate(schedule, costs, profile, copy_streams, data_parallel)
+    gpus = schedule.num_ranks * data_parallel
+    busy = {g: 0.0 for g in range(gpus)}
+    tracks = {compute_track(r): r for r in busy}
+    for op in sim.ops:
+        if op.track in tracks:
+            busy[tracks[op.track]] += op.end_s - op.start_s
+    stashed = peak_stashed_microbatches(schedule)
+    per_gpu = []
+    for g in range(gpus):
+        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == g % schedule.num_ranks)
+        peak = sum(stashed[s] * costs[s].stash_bytes for s in stages)
+        per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, peak))
+    prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
+                            sim.step_time_s, single_gpu_step_s(model, profile), model.tokens,
+                            tuple(per_gpu), profile.describe(), data_parallel)
+    return prediction, sim

@@ -1,0 +1,210 @@
+"""The profile: a versioned JSON document of measured hardware and per-layer costs.
+
+`hw calibrate` writes it; `parsim` reads it. Loading checks every field, so a corrupt or
+old profile fails with one message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from parsim.errors import ProfileError
+from parsim.files import write_atomic
+
+SCHEMA = "parsim.profile"
+VERSION = 1
+LINK_NAMES = ("nvlink", "network", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+LAYER_OPS = ("forward", "backward_input", "backward_weight")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link's alpha-beta cost: a message of n bytes holds it for latency_s + n / bandwidth_Bps."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    measured: bool = True
+
+    def time_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Cost of one layer's forward, input-grad or weight-grad for a micro-batch.
+
+    GPU time is fixed_s + flops / flops_per_s (launch and small kernels, then the matmuls);
+    host_s is the front end's time to issue the layer's kernels.
+    """
+
+    host_s: float
+    fixed_s: float
+    flops_per_s: float
+
+    def gpu_s(self, flops: float) -> float:
+        return self.fixed_s + flops / self.flops_per_s
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    forward: OpCost
+    backward_input: OpCost
+    backward_weight: OpCost
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Front-end costs that do not belong to one layer."""
+
+    action_s: float  # per compute action: the call, autograd set-up, bookkeeping
+    p2p_s: float  # to post one send or receive
+    launch_s: float | None = None  # to launch one simple op such as `y = x + 1` (scenarios)
+    sync_s: float | None = None  # torch.cuda.synchronize() on an idle GPU (scenarios)
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A ring all-reduce of n bytes over d GPUs: latency_s + 2(d-1)/d * n / busbw_Bps (NCCL's bus bandwidth)."""
+
+    latency_s: float
+    busbw_Bps: float
+    measured: bool = True
+
+    def allreduce_s(self, nbytes: float, ranks: int) -> float:
+        if ranks < 2:
+            return 0.0
+        return self.latency_s + 2 * (ranks - 1) / ranks * nbytes / self.busbw_Bps
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """A standalone kernel: fixed_s + work / rate, work in FLOPs (matmul) or bytes moved (elementwise)."""
+
+    fixed_s: float
+    rate: float
+
+    def time_s(self, work: float) -> float:
+        return self.fixed_s + work / self.rate
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything the simulator needs to know about one node type and the model's layers."""
+
+    gpus_per_node: int
+    links: dict[str, LinkSpec]
+    host: HostCosts
+    layers: dict[str, LayerCosts]
+    provisional: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, KernelCost] = field(default_factory=dict)  # optional: for the scenarios
+    collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
+
+    def describe(self) -> str:
+        """One line naming the profile's origin, shown with every prediction."""
+        m = self.meta
+        origin = f"{m.get('gpu', '?')} x{self.gpus_per_node}, {m.get('date', 'undated')}, {m.get('source', '?')}"
+        unmeasured = [n for n, link in self.links.items() if not link.measured]
+        notes = []
+        if self.provisional:
+            notes.append("PROVISIONAL")
+        if unmeasured:
+            notes.append("not measured: " + ", ".join(unmeasured))
+        return origin + (f" [{'; '.join(notes)}]" if notes else "")
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"schema": SCHEMA, "version": VERSION}
+        doc.update(asdict(self))
+        return doc
+
+
+def _number(doc: dict, key: str, where: str, positive: bool = True) -> float:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a number >= 0"
+        raise ProfileError(f"{where}.{key} must be {need}, got {value!r}")
+    return float(value)
+
+
+def _section(doc: Any, key: str, where: str) -> dict:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}.{key} is missing or not an object")
+    return value
+
+
+def _link(doc: dict, where: str) -> LinkSpec:
+    return LinkSpec(_number(doc, "latency_s", where, positive=False),
+                    _number(doc, "bandwidth_Bps", where), bool(doc.get("measured", True)))
+
+
+def _op_cost(doc: dict, where: str) -> OpCost:
+    return OpCost(_number(doc, "host_s", where, positive=False),
+                  _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where))
+
+
+def from_json(doc: Any, origin: str = "profile") -> Profile:
+    """Check a parsed document against the schema and build the Profile."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ProfileError(f"{origin} is not a parsim profile (no \"schema\": \"{SCHEMA}\")")
+    if doc.get("version") != VERSION:
+        raise ProfileError(f"{origin} has schema version {doc.get('version')!r}; this parsim reads "
+                           f"version {VERSION}: re-run `python -m hw calibrate` to make a new one")
+    gpus = doc.get("gpus_per_node")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ProfileError(f"{origin}: gpus_per_node must be a whole number >= 1, got {gpus!r}")
+    links_doc = _section(doc, "links", origin)
+    links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
+    host_doc = _section(doc, "host", origin)
+    optional = {k: _number(host_doc, k, f"{origin}.host") for k in ("launch_s", "sync_s") if host_doc.get(k) is not None}
+    host = HostCosts(_number(host_doc, "action_s", f"{origin}.host", positive=False),
+                     _number(host_doc, "p2p_s", f"{origin}.host", positive=False), **optional)
+    kernels = {}
+    if "kernels" in doc:
+        for kind, cost in _section(doc, "kernels", origin).items():
+            where = f"{origin}.kernels.{kind}"
+            kernels[kind] = KernelCost(_number(cost, "fixed_s", where, positive=False), _number(cost, "rate", where))
+    layers = {}
+    for kind, costs in _section(doc, "layers", origin).items():
+        where = f"{origin}.layers.{kind}"
+        layers[kind] = LayerCosts(*(_op_cost(_section(costs, op, where), f"{where}.{op}") for op in LAYER_OPS))
+    if not layers:
+        raise ProfileError(f"{origin}.layers is empty: the profile costs no layer kind")
+    meta = doc.get("meta", {})
+    collectives = {}
+    if "collectives" in doc:
+        for kind, spec in _section(doc, "collectives", origin).items():
+            where = f"{origin}.collectives.{kind}"
+            collectives[kind] = CollectiveSpec(_number(spec, "latency_s", where, positive=False),
+                                               _number(spec, "busbw_Bps", where), bool(spec.get("measured", True)))
+    return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
+                   meta if isinstance(meta, dict) else {}, kernels, collectives)
+
+
+def load_profile(path: str | os.PathLike | None = None) -> Profile:
+    """Read and check a profile file; None reads the package's shipped default."""
+    if path is None:
+        text = resources.files("parsim.profiles").joinpath("default.json").read_text()
+        return from_json(json.loads(text), "default profile")
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ProfileError(f"cannot read profile {p}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"profile {p} is not valid JSON ({e.msg} at line {e.lineno}); "
+                           "it may be truncated") from None
+    return from_json(doc, f"profile {p}")
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> None:
+    write_atomic(path, json.dumps(profile.to_json(), indent=2) + "\n")

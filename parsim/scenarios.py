@@ -1,0 +1,163 @@
+"""The textbook experiments as simulated scenarios; `hw.scenarios` measures the same programs.
+
+Each scenario builds host programs on the machine model from a profile's measured costs and
+returns named times; the `headline` figure is the one compared with the measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from parsim.errors import ProfileError
+from parsim.machine import Launch, Machine, Sync
+from parsim.profile import KernelCost, Profile
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    figures: dict[str, float]  # seconds, or a plain ratio where the key says so
+    headline: str  # the key of the figure to compare with measurement
+    description: str
+
+
+def _need_host(profile: Profile, field: str) -> float:
+    value = getattr(profile.host, field)
+    if value is None:
+        raise ProfileError(f"this profile has no host.{field}; the scenarios need it: "
+                           "re-run `python -m hw calibrate` to measure it")
+    return value
+
+
+def _need_kernel(profile: Profile, kind: str) -> KernelCost:
+    if kind not in profile.kernels:
+        raise ProfileError(f"this profile has no kernels.{kind} cost; the scenarios need it: "
+                           "re-run `python -m hw calibrate` to measure it")
+    return profile.kernels[kind]
+
+
+def _loop(n: int, launch_s: float, gpu_s: float, sync_s: float, sync_each: bool) -> float:
+    """One host launching n ops on one stream, synchronising after each or once at the end."""
+    m = Machine()
+    host = m.host("host0")
+    ops = []
+    for i in range(n):
+        op = m.op("gpu0 compute", f"op{i}", gpu_s)
+        ops.append(op)
+        host.steps.append(Launch(op, launch_s, launch_s))
+        if sync_each or i == n - 1:
+            host.steps += [Sync((op,)), Launch(m.op("host0 sync", "sync", 0.0), sync_s, sync_s)]
+    return m.run()
+
+
+def async_front_end(profile: Profile, n: int = 10_000, elements: int = 1_000_000) -> ScenarioResult:
+    """`y = x + 1` n times on a float32 tensor of `elements`: synchronised after each op, or once.
+
+    The textbook's claim: about n (t1 + t2 + t3) against t1 + n t2 + t3, or n t1 + t2 + t3
+    when launching (t1) is slower than running (t2).
+    """
+    t1, t3 = _need_host(profile, "launch_s"), _need_host(profile, "sync_s")
+    t2 = _need_kernel(profile, "elementwise").time_s(2 * 4 * elements)  # read x, write y
+    sync_each = _loop(n, t1, t2, t3, sync_each=True)
+    once = _loop(n, t1, t2, t3, sync_each=False)
+    return ScenarioResult("async", {"sync_each_s": sync_each, "sync_once_s": once,
+                                    "speedup_ratio": sync_each / once, "t1_s": t1, "t2_s": t2, "t3_s": t3},
+                          "speedup_ratio", async_front_end.__doc__.splitlines()[0])
+
+
+def _matmuls_then_copies(profile: Profile, n: int, size: int, pinned: bool, overlap: bool) -> float:
+    """n products of size x size float32 matrices on GPU 0, each result copied to the host.
+
+    overlap: each copy goes on a copy stream as soon as its product is done (an event), instead of
+    all copies after all products. A copy into pageable memory blocks the host until it is done
+    (CUDA stages it through a pinned buffer), so it cannot overlap anything the host issues later.
+    """
+    launch_s = _need_host(profile, "launch_s")
+    mm_s = _need_kernel(profile, "matmul").time_s(2.0 * size**3)
+    link = profile.links["d2h_pinned" if pinned else "d2h_pageable"]
+    copy_s = link.time_s(4 * size * size)
+    m = Machine()
+    host = m.host("host0")
+    engine = (m.resource("gpu0 d2h"),)
+    products = [m.op("gpu0 compute", f"mm{i}", mm_s) for i in range(n)]
+    copies = []
+    for i, mm in enumerate(products):
+        host.steps.append(Launch(mm, launch_s, launch_s))
+        if overlap:
+            copies.append(_copy(m, host, mm, i, copy_s, launch_s, engine, pinned, stream="gpu0 copy"))
+    if not overlap:
+        for i, mm in enumerate(products):
+            copies.append(_copy(m, host, mm, i, copy_s, launch_s, engine, pinned, stream="gpu0 compute"))
+    host.steps.append(Sync(tuple(products + copies)))
+    return m.run()
+
+
+def _copy(m: Machine, host, after, i: int, copy_s: float, launch_s: float, engine, pinned: bool, stream: str):
+    op = m.op(stream, f"copy{i}", copy_s, category="comm", resources=engine)
+    op.deps.append(after)
+    host.steps.append(Launch(op, launch_s, launch_s))
+    if not pinned:
+        host.steps.append(Sync((op,)))
+    return op
+
+
+def copy_compute_overlap(profile: Profile, n: int = 50, size: int = 4000) -> ScenarioResult:
+    """n 4000x4000 products, each result copied to the host: after all compute, or overlapped."""
+    figures = {}
+    for pinned in (True, False):
+        memory = "pinned" if pinned else "pageable"
+        serial = _matmuls_then_copies(profile, n, size, pinned, overlap=False)
+        overlapped = _matmuls_then_copies(profile, n, size, pinned, overlap=True)
+        figures[f"{memory}_serial_s"] = serial
+        figures[f"{memory}_overlapped_s"] = overlapped
+        figures[f"{memory}_speedup_ratio"] = serial / overlapped
+    return ScenarioResult("overlap", figures, "pinned_speedup_ratio",
+                          copy_compute_overlap.__doc__.splitlines()[0])
+
+
+def multi_gpu_matmuls(profile: Profile, n: int = 50, size: int = 4000, gpus: int = 2) -> ScenarioResult:
+    """n 4000x4000 products on each of `gpus` GPUs, issued back to back by one host thread."""
+    launch_s = _need_host(profile, "launch_s")
+    mm_s = _need_kernel(profile, "matmul").time_s(2.0 * size**3)
+
+    def run(devices: int) -> float:
+        m = Machine()
+        host = m.host("host0")
+        ops = []
+        for i in range(n):
+            for d in range(devices):
+                op = m.op(f"gpu{d} compute", f"mm{i}", mm_s)
+                ops.append(op)
+                host.steps.append(Launch(op, launch_s, launch_s))
+        host.steps.append(Sync(tuple(ops)))
+        return m.run()
+
+    one, many = run(1), run(gpus)
+    return ScenarioResult("multi-gpu", {"one_gpu_s": one, "all_gpus_s": many, "all_over_one_ratio": many / one},
+                          "all_over_one_ratio", multi_gpu_matmuls.__doc__.splitlines()[0])
+
+
+SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
+    "async": async_front_end,
+    "multi-gpu": multi_gpu_matmuls,
+    "overlap": copy_compute_overlap,
+}
+
+
+def with_op_costs(profile: Profile, costs: dict) -> Profile:
+    """`profile` with the host and kernel costs that `python -m hw.opcosts` measured (its JSON)."""
+    try:
+        host = dataclasses.replace(profile.host, launch_s=float(costs["host"]["launch_s"]),
+                                   sync_s=float(costs["host"]["sync_s"]))
+        kernels = {k: KernelCost(float(v["fixed_s"]), float(v["rate"])) for k, v in costs["kernels"].items()}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileError(f"op-cost measurements are malformed ({type(e).__name__}: {e})") from None
+    return dataclasses.replace(profile, host=host, kernels={**profile.kernels, **kernels})
+
+
+def compare_figures(predicted: ScenarioResult, measured: dict[str, float]) -> list[tuple[str, float, float, float]]:
+    """(figure, predicted, measured, relative error) for every figure both sides have."""
+    return [(k, predicted.figures[k], v, predicted.figures[k] / v - 1)
+            for k, v in measured.items() if k in predicted.figures]

@@ -1,0 +1,160 @@
+"""Checks that a schedule is complete, well-formed and free of deadlock, with a clear reason if not."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+
+from parsim.dataflow import issue_waits, recv_for, transfers
+from parsim.errors import ScheduleError
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op, Schedule, act
+
+
+def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: bool = True) -> None:
+    """Raise ScheduleError naming the first problem; return None for a runnable schedule.
+
+    The deadlock check walks the whole wait graph; the simulator, which finds deadlocks as it
+    runs, skips it (check_deadlock=False) to stay fast on large schedules.
+    """
+    _check_shape(schedule)
+    _check_each_action_once(schedule)
+    _check_compute_complete(schedule)
+    _check_messages_pair_up(schedule)
+    if check_deadlock:
+        _check_no_deadlock(schedule, copy_streams)
+
+
+def _check_shape(schedule: Schedule) -> None:
+    s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    if s < 1 or m < 1 or p < 1:
+        raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
+    if len(schedule.stage_to_rank) != s:
+        raise ScheduleError(f"{schedule.name}: stage_to_rank has {len(schedule.stage_to_rank)} "
+                            f"entries for {s} stages")
+    if any(not 0 <= r < p for r in schedule.stage_to_rank):
+        raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
+    for rank, acts in enumerate(schedule.actions):
+        # Checked per distinct (op, stage) and over column extremes: large schedules repeat them.
+        kinds = set((a.op, a.stage) for a in acts)
+        mbs = [a.microbatch for a in acts]
+        for op, stage in sorted(kinds):
+            a = next(x for x in acts if x.op == op and x.stage == stage)
+            if op not in ALL_OPS:
+                raise ScheduleError(f"rank {rank}: unknown op {op!r} in {a}")
+            if not 0 <= stage < s:
+                raise ScheduleError(f"rank {rank}: {a} is outside {s} stages x {m} micro-batches")
+            if schedule.stage_to_rank[stage] != rank:
+                raise ScheduleError(f"rank {rank}: {a} belongs to rank "
+                                    f"{schedule.stage_to_rank[stage]}, which hosts stage {stage}")
+            if op not in COMPUTE_OPS:
+                _check_comm_endpoint(schedule, rank, a)
+        if mbs and not (0 <= min(mbs) and max(mbs) < m):
+            a = next(x for x in acts if not 0 <= x.microbatch < m)
+            raise ScheduleError(f"rank {rank}: {a} is outside {s} stages x {m} micro-batches")
+
+
+def _check_comm_endpoint(schedule: Schedule, rank: int, a: Action) -> None:
+    step = 1 if a.op in (Op.SEND_F, Op.RECV_B) else -1
+    if not 0 <= a.stage + step < schedule.num_stages:
+        raise ScheduleError(f"rank {rank}: {a} has no neighbouring stage to talk to")
+    if schedule.peer(a) == rank:
+        raise ScheduleError(f"rank {rank}: {a} talks to its own rank; stages on one rank "
+                            "hand data over without a send")
+
+
+def _check_each_action_once(schedule: Schedule) -> None:
+    everything = [a for acts in schedule.actions for a in acts]
+    if len(set(everything)) != len(everything):
+        counts = Counter(everything)
+        first = min(a for a, n in counts.items() if n > 1)
+        raise ScheduleError(f"{schedule.name}: {first} appears {counts[first]} times")
+
+
+def _check_compute_complete(schedule: Schedule) -> None:
+    """Every stage runs each micro-batch's forward once and its backward once (as B, or as I+W)."""
+    present = {a for acts in schedule.actions for a in acts if a.is_compute}
+    for s in range(schedule.num_stages):
+        for i in range(schedule.num_microbatches):
+            if act(Op.FORWARD, s, i) not in present:
+                raise ScheduleError(f"{schedule.name}: forward of stage {s}, micro-batch {i} is missing")
+            full = act(Op.BACKWARD, s, i) in present
+            split = [act(op, s, i) in present for op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)]
+            if full and any(split):
+                raise ScheduleError(f"{schedule.name}: stage {s}, micro-batch {i} runs both B and I/W")
+            if not full and not all(split):
+                raise ScheduleError(f"{schedule.name}: backward of stage {s}, micro-batch {i} "
+                                    "is missing or incomplete")
+
+
+def _check_messages_pair_up(schedule: Schedule) -> None:
+    """Each needed message is sent and received once, in the same order at both ends."""
+    present = {a for acts in schedule.actions for a in acts if not a.is_compute}
+    stage_to_rank, m = schedule.stage_to_rank, schedule.num_microbatches
+    for s in range(schedule.num_stages - 1):
+        if stage_to_rank[s] == stage_to_rank[s + 1]:
+            continue
+        needed = {act(op, stage, i) for i in range(m) for op, stage in (
+            (Op.SEND_F, s), (Op.RECV_F, s + 1), (Op.SEND_B, s + 1), (Op.RECV_B, s))}
+        missing = needed - present
+        if missing:
+            a = min(missing)
+            raise ScheduleError(f"{schedule.name}: {a} is missing on rank {stage_to_rank[a.stage]}")
+    recvs: dict[tuple[int, int], list[Action]] = defaultdict(list)
+    for rank, acts in enumerate(schedule.actions):
+        for a in acts:
+            if a.op == Op.RECV_F or a.op == Op.RECV_B:
+                recvs[schedule.peer(a), rank].append(a)
+    for (src, dst), msgs in transfers(schedule).items():
+        expected = [t.recv for t in msgs]
+        got = recvs.get((src, dst), [])
+        if expected == got:
+            continue
+        for k, (want, r) in enumerate(zip(expected, got)):
+            if want != r:
+                raise ScheduleError(f"channel rank {src} -> rank {dst}: message {k} is sent as "
+                                    f"{msgs[k].send} but rank {dst} expects {r}; NCCL matches messages "
+                                    "in order, so this would deadlock or corrupt data")
+
+
+def _check_no_deadlock(schedule: Schedule, copy_streams: bool) -> None:
+    """Kahn's algorithm over compute ops and messages; what is left over is a wait cycle."""
+    node = {}  # action -> graph node (a receive is one node with its send)
+    for msgs in transfers(schedule).values():
+        for t in msgs:
+            node[t.send] = node[t.recv] = t.send
+    succ: dict[Action, list[Action]] = defaultdict(list)
+    indeg: Counter[Action] = Counter()
+    nodes: set[Action] = set()
+
+    def edge(a: Action, b: Action) -> None:
+        u, v = node.get(a, a), node.get(b, b)
+        if u != v:
+            succ[u].append(v)
+            indeg[v] += 1
+
+    for acts in schedule.actions:
+        prev_compute = None
+        for a in acts:
+            nodes.add(node.get(a, a))
+            if a.is_compute:
+                if prev_compute is not None:
+                    edge(prev_compute, a)
+                prev_compute = a
+    for msgs in transfers(schedule).values():
+        for t0, t1 in zip(msgs, msgs[1:]):
+            edge(t0.send, t1.send)
+    for a, deps in issue_waits(schedule, copy_streams).items():
+        for d in deps:
+            edge(d, a)
+    ready = deque(n for n in nodes if indeg[n] == 0)
+    done = 0
+    while ready:
+        n = ready.popleft()
+        done += 1
+        for v in succ[n]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if done < len(nodes):
+        stuck = sorted(n for n in nodes if indeg[n] > 0)[:4]
+        raise ScheduleError(f"{schedule.name}: deadlock: these actions wait on each other in a cycle "
+                            f"(first few): {', '.join(map(str, stuck))}")

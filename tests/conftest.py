@@ -1,0 +1,40 @@
+"""Shared builders: profiles whose costs the tests set exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from parsim.profile import HostCosts, LayerCosts, LinkSpec, OpCost, Profile
+from parsim.workload import StageCost, Work
+
+INF = math.inf
+
+
+def make_profile(latency_s: float = 0.0, bandwidth_Bps: float = INF, action_s: float = 0.0,
+                 p2p_s: float = 0.0, layer_host_s: float = 0.0, gpus_per_node: int = 8,
+                 network: LinkSpec | None = None) -> Profile:
+    """A profile with the given link and host costs (all free by default) and a unit-rate mlp layer."""
+    link = LinkSpec(latency_s, bandwidth_Bps)
+    cost = OpCost(layer_host_s, 0.0, 1e12)
+    return Profile(
+        gpus_per_node=gpus_per_node,
+        links={"nvlink": link, "network": network or link, "h2d_pinned": link, "h2d_pageable": link,
+               "d2h_pinned": link, "d2h_pageable": link},
+        host=HostCosts(action_s, p2p_s),
+        layers={"mlp": LayerCosts(cost, cost, cost)},
+        meta={"gpu": "test", "source": "tests"},
+    )
+
+
+def equal_stages(p: int, t_f: float, t_b: float, send_bytes: int = 1 << 20, stash_bytes: int = 1000,
+                 host_s: float = 0.0, chunks: int = 1) -> list[StageCost]:
+    """p identical stages: forward t_f, backward t_b split evenly into input- and weight-grad."""
+    return [StageCost(Work(t_f, host_s, chunks), Work(t_b / 2, host_s / 2, chunks),
+                      Work(t_b / 2, host_s / 2, chunks), send_bytes, stash_bytes) for _ in range(p)]
+
+
+@pytest.fixture
+def free_profile() -> Profile:
+    return make_profile()

@@ -1,0 +1,87 @@
+"""The simulator against closed forms: with free communication and dispatch it must be exact."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import equal_stages, make_profile
+
+from parsim.pipeline import peak_stashed_microbatches
+from parsim.predict import predict, simulate
+from parsim.workload import StageCost, Work
+from parsim.schedules import build
+from parsim.workload import mlp_model
+
+GRID = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 5, 8, 16)]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", GRID)
+@pytest.mark.parametrize("t_f,t_b", [(1.0, 2.0), (0.003, 0.0045)])
+def test_step_matches_closed_form_when_comm_and_dispatch_are_free(name, p, m, t_f, t_b, free_profile):
+    sim = simulate(build(name, p, m), equal_stages(p, t_f, t_b), free_profile)
+    assert sim.step_time_s == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", GRID)
+def test_bubble_matches_closed_form_when_comm_and_dispatch_are_free(name, p, m, free_profile):
+    layers = 2 * p  # equal stages; the profile's mlp costs are pure FLOPs, so stages are equal too
+    prediction, _ = predict(build(name, p, m), mlp_model(layers, 64, 64 * m), free_profile)
+    assert prediction.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    for gpu in prediction.per_gpu:
+        assert gpu.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+
+
+@pytest.mark.parametrize("p,m", GRID)
+def test_gpipe_holds_all_microbatches_on_every_stage(p, m):
+    assert peak_stashed_microbatches(build("gpipe", p, m)) == [m] * p
+
+
+@pytest.mark.parametrize("p,m", GRID)
+def test_1f1b_holds_at_most_p_minus_s_microbatches_on_stage_s(p, m):
+    assert peak_stashed_microbatches(build("1f1b", p, m)) == [min(p - s, m) for s in range(p)]
+
+
+def test_peak_activation_bytes_are_stash_times_held_microbatches(free_profile):
+    model = mlp_model(layers=4, hidden=64, tokens=64 * 8)
+    prediction, _ = predict(build("1f1b", 4, 8), model, free_profile)
+    per_mb = model.layers[0].stash_bytes_per_token * (model.tokens // 8)  # one layer per stage
+    assert [g.peak_activation_bytes for g in prediction.per_gpu] == [4 * per_mb, 3 * per_mb, 2 * per_mb, per_mb]
+
+
+def test_single_gpu_speedup_is_one_when_everything_is_free(free_profile):
+    prediction, _ = predict(build("gpipe", 1, 1), mlp_model(4, 64, 256), free_profile)
+    assert prediction.speedup == pytest.approx(1.0)
+
+
+def test_speedup_approaches_p_with_many_microbatches_when_comm_is_free(free_profile):
+    p, m = 4, 64
+    prediction, _ = predict(build("1f1b", p, m), mlp_model(8, 64, 64 * m), free_profile)
+    assert prediction.speedup == pytest.approx(p * m / (m + p - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (3, 9, 3), (4, 16, 2), (1, 3, 2)])
+def test_interleaving_divides_the_bubble_by_v(p, m, v, free_profile):
+    """Free comm, equal chunks of t/v: the step is m(t_f+t_b) + (p-1)(t_f+t_b)/v."""
+    t_f, t_b = 1.0, 2.0
+    sim = simulate(build("interleaved-1f1b", p, m, v), equal_stages(p * v, t_f / v, t_b / v), free_profile)
+    assert sim.step_time_s == pytest.approx(m * (t_f + t_b) + (p - 1) * (t_f + t_b) / v, rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(p, m) for p in (1, 2, 3, 4, 8) for m in (p, p + 1, 2 * p, 16) if m >= p])
+@pytest.mark.parametrize("t_f,t_i,t_w", [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (2.0, 1.0, 0.5)])
+def test_zb_h1_bubble_is_p_minus_1_times_tf_plus_ti_minus_tw(p, m, t_f, t_i, t_w, free_profile):
+    """Qi et al.: ZB-H1's step is m(T_F+T_I+T_W) + (p-1)(T_F+T_I-T_W) when T_W <= T_I and m >= p."""
+    stages = [StageCost(Work(t_f, 0, 1), Work(t_i, 0, 1), Work(t_w, 0, 1), 1, 1) for _ in range(p)]
+    sim = simulate(build("zb-h1", p, m), stages, free_profile)
+    assert sim.step_time_s == pytest.approx(m * (t_f + t_i + t_w) + (p - 1) * (t_f + t_i - t_w), rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (4, 4)])
+def test_zb_h1_has_a_third_of_1f1b_bubble_at_1f1b_peak_memory(p, m, free_profile):
+    t = 1.0
+    stages = [StageCost(Work(t, 0, 1), Work(t, 0, 1), Work(t, 0, 1), 1, 1) for _ in range(p)]
+    zb = simulate(build("zb-h1", p, m), stages, free_profile).step_time_s - 3 * m * t
+    ofob = simulate(build("1f1b", p, m), stages, free_profile).step_time_s - 3 * m * t
+    assert zb == pytest.approx(ofob / 3)
+    assert max(peak_stashed_microbatches(build("zb-h1", p, m))) == max(peak_stashed_microbatches(build("1f1b", p, m)))

@@ -1,0 +1,58 @@
+"""`parsim compare` on a small committed CSV (a test fixture, not a measurement)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parsim.compare import read_points, summary
+from parsim.errors import ParsimError
+
+FIXTURE = Path(__file__).parent / "data" / "results-fixture.csv"
+
+
+def test_summary_leaves_out_excluded_points_and_reports_median_and_worst():
+    points = read_points(FIXTURE)
+    s = summary(points)
+    assert s["points"] == 5 and s["excluded"] == 1
+    errors = sorted(abs(p.predicted_s / p.measured_s - 1) for p in points if not p.excluded)
+    assert s["median_abs_error"] == pytest.approx(errors[2])
+    assert s["max_abs_error"] == pytest.approx(errors[-1])
+
+
+def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(FIXTURE),
+                             "--out", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "median |error|" in result.stdout and "excluded: fixture" in result.stdout
+    pngs = sorted(p.name for p in tmp_path.iterdir())
+    assert pngs == ["results-fixture-speedups.png", "results-fixture-step-times.png"]
+    assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_missing_column_is_named(tmp_path):
+    rows = list(csv.DictReader(FIXTURE.open()))
+    for r in rows:
+        del r["predicted_s"]
+    with pytest.raises(ParsimError, match="lacks column.*predicted_s"):
+        read_points(_write(tmp_path / "r.csv", rows))
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "abc", "0"])
+def test_bad_time_names_the_line(tmp_path, bad):
+    rows = list(csv.DictReader(FIXTURE.open()))
+    rows[2]["measured_s"] = bad
+    with pytest.raises(ParsimError, match="line 4"):
+        read_points(_write(tmp_path / "r.csv", rows))

@@ -1,0 +1,63 @@
+"""`python -m hw calibrate`: a small CPU calibration writes a loadable profile; fits; refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hw.calibrate import fit_affine  # noqa: E402
+from parsim.profile import load_profile  # noqa: E402
+
+
+def _calibrate(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hw", "calibrate", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
+    out = tmp_path / "p.json"
+    r = _calibrate("--cpu", "--gpus", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    profile = load_profile(out)
+    assert profile.links["nvlink"].measured and profile.links["h2d_pinned"].measured
+    assert not profile.links["network"].measured and profile.provisional  # nothing measures a network here
+    assert "allreduce" in profile.collectives and profile.host.launch_s > 0
+    samples = json.loads((tmp_path / "p.samples.json").read_text())
+    assert samples["samples"]["layers"] and samples["meta"]["fits"]["forward"]["r2"] <= 1
+    assert "R^2" in r.stdout
+
+
+def test_calibrate_never_overwrites_without_force(tmp_path):
+    out = tmp_path / "p.json"
+    out.write_text("mine")
+    r = _calibrate("--cpu", "--out", str(out))
+    assert r.returncode == 2 and "exists; pass --force" in r.stderr
+    assert out.read_text() == "mine"
+
+
+def test_calibrate_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = _calibrate("--out", "/tmp/never-written.json")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run"]
+
+
+def test_fit_recovers_fixed_cost_and_rate_from_noisy_timings():
+    rng = np.random.default_rng(0)
+    work = np.geomspace(1e6, 1e12, 12)
+    seconds = (20e-6 + work / 5e14) * (1 + 0.02 * rng.standard_normal(work.size))
+    fit = fit_affine(list(work), list(seconds))
+    assert fit.fixed_s == pytest.approx(20e-6, rel=0.05) and fit.rate == pytest.approx(5e14, rel=0.05)
+    assert fit.r2 > 0.99 and not fit.poor
+
+
+def test_a_poor_fit_says_so():
+    fit = fit_affine([1, 2, 3, 4], [1.0, 5.0, 1.0, 5.0])
+    assert fit.poor

@@ -1,0 +1,63 @@
+"""The real pipeline on the CPU (gloo): gradients equal one device's, and a failing rank ends the run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hw.executor import gradient_step_worker, make_batch  # noqa: E402
+from hw.models import build_layers  # noqa: E402
+from hw.workers import spawn  # noqa: E402
+from parsim.errors import ParsimError  # noqa: E402
+from parsim.schedules import build  # noqa: E402
+from parsim.workload import mlp_model  # noqa: E402
+
+MODEL = mlp_model(layers=4, hidden=16, tokens=24)
+
+
+def _reference(model):
+    """Loss and gradients of the whole model on one device, on the whole batch."""
+    layers = build_layers(model)
+    for layer in layers:
+        layer.double()
+    x, y = make_batch(model, torch.device("cpu"), torch.float64)
+    out = x
+    for layer in layers:
+        out = layer(out)
+    loss = torch.nn.functional.mse_loss(out, y)
+    loss.backward()
+    grads = {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("name,ranks,microbatches,virtual", [
+    ("gpipe", 2, 3, None), ("1f1b", 2, 4, None), ("gpipe", 4, 2, None), ("1f1b", 4, 6, None),
+    ("interleaved-1f1b", 2, 2, 2),
+])
+def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, microbatches, virtual):
+    schedule = build(name, ranks, microbatches, virtual)
+    results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64), timeout_s=30, deadline_s=120)
+    loss, grads = _reference(MODEL)
+    last = schedule.stage_to_rank[-1]
+    assert torch.allclose(results[last]["loss"], loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r["grads"].items()}
+    assert got.keys() == grads.keys()
+    for key, g in grads.items():
+        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+
+
+def test_a_rank_that_fails_mid_step_ends_every_process_with_a_clear_error():
+    schedule = build("1f1b", 4, 4)
+    t0 = time.monotonic()
+    with pytest.raises(ParsimError, match=r"rank 2 failed: RuntimeError: injected failure after .*every other rank was stopped"):
+        spawn(gradient_step_worker, 4, (schedule, MODEL, torch.float64, (2, 3)), timeout_s=10, deadline_s=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_split_backward_is_refused_with_a_clear_error():
+    schedule = build("zb-h1", 2, 2)
+    with pytest.raises(ParsimError, match="split backward"):
+        spawn(gradient_step_worker, 2, (schedule, MODEL, torch.float64), timeout_s=10, deadline_s=60)

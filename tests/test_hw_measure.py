@@ -1,0 +1,49 @@
+"""`python -m hw measure` on the CPU: the report's shape, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _measure(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hw", "measure", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_measure_on_cpu_prints_the_documented_json(tmp_path):
+    trace = tmp_path / "trace.json"
+    r = _measure("--cpu", "--gpus", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16", "--tokens", "8",
+                 "--steps", "2", "--warmup", "1", "--json", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"step_time_s", "step_time_min_s", "step_time_max_s", "single_device_step_s", "speedup",
+            "per_stage", "config"} <= out.keys()
+    assert out["step_time_min_s"] <= out["step_time_s"] <= out["step_time_max_s"]
+    assert [s["rank"] for s in out["per_stage"]] == [0, 1]
+    assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in out["per_stage"])
+    assert out["config"]["schedule"] == "1f1b" and out["config"]["dtype"] == "fp32"
+    assert "traceEvents" in json.loads(trace.read_text())
+
+
+def test_measure_without_enough_gpus_says_so_before_starting_anything():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = _measure("--gpus", "4")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "error: --gpus 4 needs 4 CUDA GPUs; this machine has 0 (pass --cpu to run the ranks on the CPU)"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cpu", "--microbatches", "0"], "--microbatches must be at least 1"),
+    (["--cpu", "--gpus", "4", "--layers", "2"], "cannot split 2 layers into 4 stages"),
+    (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "do not split into 4"),
+])
+def test_bad_measure_input_is_one_line_and_exit_2(argv, message):
+    r = _measure(*argv)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

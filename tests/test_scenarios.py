@@ -1,0 +1,76 @@
+"""The textbook scenarios, simulated, against their closed forms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import make_profile
+
+from parsim.errors import ProfileError
+from parsim.profile import HostCosts, KernelCost, LinkSpec
+from parsim.scenarios import async_front_end, copy_compute_overlap, multi_gpu_matmuls
+
+T1, T3 = 8e-6, 20e-6
+
+
+def _profile(elementwise_s: float = 0.0, matmul_s: float = 1e-3, copy_s: float = 4e-4, pageable_s: float = 1e-3):
+    """Costs chosen so each kernel and copy takes a round number of seconds in the scenarios below."""
+    base = make_profile()
+    size_bytes = 4 * 4000 * 4000
+    links = dict(base.links, d2h_pinned=LinkSpec(0.0, size_bytes / copy_s),
+                 d2h_pageable=LinkSpec(0.0, size_bytes / pageable_s))
+    return dataclasses.replace(
+        base, links=links, host=HostCosts(0.0, 0.0, launch_s=T1, sync_s=T3),
+        kernels={"elementwise": KernelCost(elementwise_s, 1e30), "matmul": KernelCost(matmul_s, 1e30)})
+
+
+@pytest.mark.parametrize("t2", [2e-6, 5e-5])
+def test_async_front_end_matches_the_textbook_formulas(t2):
+    n = 200
+    r = async_front_end(_profile(elementwise_s=t2), n=n)
+    assert r.figures["sync_each_s"] == pytest.approx(n * (T1 + t2 + T3))
+    assert r.figures["sync_once_s"] == pytest.approx(max(n * T1 + t2, T1 + n * t2) + T3)
+
+
+def test_overlapped_copies_hide_behind_compute_when_pinned():
+    n, mm, copy = 50, 1e-3, 4e-4
+    r = copy_compute_overlap(_profile(matmul_s=mm, copy_s=copy, pageable_s=1e-3), n=n)
+    assert r.figures["pinned_serial_s"] == pytest.approx(T1 + n * mm + n * copy)
+    assert r.figures["pinned_overlapped_s"] == pytest.approx(T1 + n * mm + copy)
+    assert r.figures["pageable_overlapped_s"] > r.figures["pinned_overlapped_s"]
+
+
+def test_pageable_copies_block_the_host_so_they_hardly_overlap():
+    r = copy_compute_overlap(_profile(matmul_s=1e-3, pageable_s=1e-3), n=20)
+    assert r.figures["pageable_speedup_ratio"] < r.figures["pinned_speedup_ratio"]
+
+
+def test_two_gpus_run_twice_the_products_in_the_time_of_one():
+    r = multi_gpu_matmuls(_profile(matmul_s=1e-3), n=50, gpus=2)
+    assert r.figures["one_gpu_s"] == pytest.approx(T1 + 50e-3)
+    assert r.figures["all_over_one_ratio"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_scenario_without_its_costs_names_what_to_measure():
+    with pytest.raises(ProfileError, match="host.launch_s"):
+        async_front_end(make_profile())
+
+
+def test_measured_op_costs_fill_the_profile_and_figures_pair_up():
+    from parsim.scenarios import compare_figures, with_op_costs
+
+    costs = {"host": {"launch_s": 7e-6, "sync_s": 3e-6},
+             "kernels": {"elementwise": {"fixed_s": 2e-6, "rate": 5e12}, "matmul": {"fixed_s": 1e-5, "rate": 5e13}}}
+    profile = with_op_costs(make_profile(), costs)
+    assert profile.host.launch_s == 7e-6 and profile.kernels["matmul"].rate == 5e13
+    predicted = async_front_end(profile, n=100)
+    rows = compare_figures(predicted, {"sync_once_s": predicted.figures["sync_once_s"] * 2, "other": 1.0})
+    assert rows == [("sync_once_s", predicted.figures["sync_once_s"], predicted.figures["sync_once_s"] * 2, -0.5)]
+
+
+def test_malformed_op_costs_are_a_profile_error():
+    from parsim.scenarios import with_op_costs
+
+    with pytest.raises(ProfileError, match="malformed"):
+        with_op_costs(make_profile(), {"host": {}})

@@ -1,0 +1,90 @@
+"""Invariants every schedule generator must keep, over random sizes (hypothesis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from conftest import equal_stages, make_profile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsim.dataflow import issue_waits
+from parsim.pipeline import peak_stashed_microbatches
+from parsim.predict import simulate
+from parsim.schedules import SCHEDULES, VIRTUAL, Op, build
+from parsim.validate import validate
+
+sizes = st.tuples(st.integers(1, 9), st.integers(1, 24), st.integers(1, 4))
+
+
+def make(name: str, p: int, m: int, v: int):
+    """The schedule at these sizes, adapted to what it accepts (interleaving: m a multiple of p, v >= 2)."""
+    if name in VIRTUAL:
+        return build(name, p, p * max(1, m // p), v + 1)
+    return build(name, p, m)
+
+
+def memory_bound(name: str, p: int, m: int, stage: int, v: int) -> int:
+    """Micro-batches a stage may hold at once, as each schedule promises."""
+    if name == "gpipe":
+        return m
+    if name == "1f1b":
+        return min(p - stage, m)
+    if name == "zb-h1":
+        return min(p, m)
+    rank = stage % p  # interleaved: at most warm-up + 1 chunk-micro-batches on its rank
+    return min((p - rank - 1) * 2 + (v - 1) * p + 1, m)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@given(size=sizes)
+@settings(max_examples=40, deadline=None)
+def test_each_forward_and_backward_runs_once_per_stage_and_microbatch(name, size):
+    s = make(name, *size)
+    ops = (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) if name == "zb-h1" else (Op.FORWARD, Op.BACKWARD)
+    counts = Counter((a.op, a.stage, a.microbatch) for acts in s.actions for a in acts if a.is_compute)
+    assert counts == Counter({(op, st_, i): 1 for op in ops
+                              for st_ in range(s.num_stages) for i in range(s.num_microbatches)})
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@given(size=sizes, copy_streams=st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_local_dependencies_come_first_in_program_order_and_no_deadlock(name, size, copy_streams):
+    s = make(name, *size)
+    validate(s, copy_streams)  # includes the wait-graph cycle check
+    waits = issue_waits(s, copy_streams)
+    for acts in s.actions:
+        position = {a: k for k, a in enumerate(acts)}
+        for a in acts:
+            for dep in waits[a]:
+                if dep in position:
+                    assert position[dep] < position[a], f"{a} runs before {dep}"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@given(size=sizes, t_f=st.floats(1e-4, 1.0), ratio=st.floats(0.5, 3.0),
+       latency=st.floats(0.0, 1e-2), host=st.floats(0.0, 1e-3))
+@settings(max_examples=40, deadline=None)
+def test_simulation_ends_no_sooner_than_the_closed_form_lower_bound(name, size, t_f, ratio, latency, host):
+    s = make(name, *size)
+    p, m, v = s.num_ranks, s.num_microbatches, s.num_stages // s.num_ranks
+    t_b = ratio * t_f
+    profile = make_profile(latency_s=latency, bandwidth_Bps=1e11, action_s=host, p2p_s=host)
+    step = simulate(s, equal_stages(p * v, t_f / v, t_b / v), profile).step_time_s
+    if name == "zb-h1":  # input- and weight-grad each take t_b / 2
+        bound = m * (t_f + t_b) + (p - 1) * t_f
+    else:
+        bound = (m + (p - 1) / v) * (t_f + t_b)
+    assert step >= bound * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@given(size=sizes)
+@settings(max_examples=40, deadline=None)
+def test_activation_memory_within_the_schedules_stated_bound(name, size):
+    s = make(name, *size)
+    p, m, v = s.num_ranks, s.num_microbatches, s.num_stages // s.num_ranks
+    peaks = peak_stashed_microbatches(s)
+    assert all(1 <= peak <= memory_bound(name, p, m, st_, v) for st_, peak in enumerate(peaks))
