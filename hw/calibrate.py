@@ -244,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
     base = load_profile(args.base)
     profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus)
-    meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[2:]),
+    meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",

@@ -19,9 +19,22 @@ from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 
 
-def channel_groups(schedule: Schedule) -> dict[tuple[int, int], dist.ProcessGroup]:
+class Groups:
+    """Process groups made once and reused; every rank asks for the same ones in the same order, as torch needs."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def __call__(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        if ranks not in self._made:
+            self._made[ranks] = dist.new_group(list(ranks))
+        return self._made[ranks]
+
+
+def channel_groups(schedule: Schedule, groups: Groups | None = None) -> dict[tuple[int, int], dist.ProcessGroup]:
     """One two-rank group per directed channel; every rank creates them all, in the same order."""
-    return {pair: dist.new_group(list(pair)) for pair in sorted(transfers(schedule))}
+    groups = groups or Groups()
+    return {pair: groups(pair) for pair in sorted(transfers(schedule))}
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """`python -m hw measure`: run the real pipeline, time it, and report what `parsim predict` predicts.
 
 Warm-up steps first, then N timed steps, each between barriers with the device synchronised:
-median and spread of the step time, per-stage mean forward and backward time per micro-batch
-(CUDA events around each compute action; wall clock on the CPU), and peak memory per GPU.
+median and spread of the step time, and peak memory per GPU; then one more step with a timer around
+each compute action (CUDA events; wall clock on the CPU) for per-stage forward and backward times.
 The speedup is over the same model on one device running the whole batch in one step.
 """
 
@@ -13,14 +13,16 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
-from hw.executor import StageRunner, channel_groups, make_batch, split_batch, stage_modules
+from hw.executor import Groups, StageRunner, channel_groups, make_batch, split_batch, stage_modules
 from hw.workers import spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
@@ -70,12 +72,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
-                   config: Config) -> dict:
-    """Time `config.steps` steps on this rank; rank 0's step times are the step's."""
+@dataclass(frozen=True)
+class Job:
+    """One thing to time: a schedule on a model. Ranks beyond the schedule's wait for the next job."""
+
+    schedule: Schedule
+    model: Model
+    config: Config
+
+
+def jobs_worker(rank: int, world: int, device: torch.device, jobs: list[Job]) -> list[dict | None]:
+    """Time every job in turn in this one process group, so a grid pays for start-up once."""
+    groups = Groups()
+    out = []
+    for job in tqdm(jobs, desc="measuring", file=sys.stderr, disable=rank != 0 or len(jobs) < 3):
+        ranks = job.schedule.num_ranks
+        channels = channel_groups(job.schedule, groups)
+        team = groups(tuple(range(ranks))) if ranks > 1 else None
+        out.append(_time_job(rank, device, job, channels, team) if rank < ranks else None)
+        if world > 1:
+            dist.barrier()
+    return out
+
+
+def _time_job(rank: int, device: torch.device, job: Job, channels: dict, team) -> dict:
+    """Warm up, then time steps between barriers; one more step, with per-action timers, for per-stage times.
+
+    The timers stay out of the timed steps: on a host-bound pipeline their event records would show.
+    """
+    schedule, model, config = job.schedule, job.model, job.config
     dtype = DTYPES[config.dtype]
     stages = stage_modules(model, schedule, rank, device, dtype)
-    runner = StageRunner(schedule, rank, stages, channel_groups(schedule))
+    runner = StageRunner(schedule, rank, stages, channels)
     x, y = make_batch(model, device, dtype)
     io = split_batch(x, y, schedule.num_microbatches)
     params = [p for module in stages.values() for p in module.parameters()]
@@ -85,21 +113,25 @@ def measure_worker(rank: int, world: int, device: torch.device, schedule: Schedu
             p.grad = None
         runner.step(io, observe)
 
+    def settle() -> None:
+        _sync(device)
+        if team is not None:
+            dist.barrier(group=team)
+
     for _ in range(config.warmup):
         one_step()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times, timer = [], ActionTimer(device)
+    times = []
     for _ in range(config.steps):
-        _sync(device)
-        if world > 1:
-            dist.barrier()
+        settle()
         t0 = time.perf_counter()
-        one_step(timer)
-        _sync(device)
-        if world > 1:
-            dist.barrier()
+        one_step()
+        settle()
         times.append(time.perf_counter() - t0)
+    timer = ActionTimer(device)
+    one_step(timer)
+    settle()
     if config.trace:  # one more step on every rank (they exchange messages); rank 0 profiles it
         if rank == 0:
             _profile_one_step(one_step, device, config.trace)
@@ -123,15 +155,22 @@ def _profile_one_step(one_step, device: torch.device, path: str) -> None:
     os.replace(tmp, path)
 
 
-def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float) -> dict:
-    """Measure `schedule` and the one-device baseline; the report as plain data."""
-    results = spawn(measure_worker, schedule.num_ranks, (schedule, model, config), device, timeout_s,
-                    deadline_s=max(120.0, 20 * timeout_s))
-    single_cfg = Config(config.steps, config.warmup, config.dtype)
-    single = spawn(measure_worker, 1, (gpipe(1, 1), model, single_cfg), device, timeout_s,
-                   deadline_s=max(120.0, 20 * timeout_s))[0]
+def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[dict | None]]:
+    """Run `jobs` on `world` ranks; per job, each rank's timings (None on ranks the job does not use)."""
+    per_rank = spawn(jobs_worker, world, (jobs,), device, timeout_s, deadline_s=timeout_s * (4 + len(jobs)))
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+
+
+def baseline_job(model: Model, config: Config) -> Job:
+    """The whole model on one device, the whole batch in one step: what speedup is measured against."""
+    return Job(gpipe(1, 1), model, Config(config.steps, config.warmup, config.dtype))
+
+
+def report(job: Job, results: list[dict | None], baseline: dict, device: str) -> dict:
+    """The report of one measured job as plain data."""
+    schedule, model, config = job.schedule, job.model, job.config
     times = results[0]["times"]
-    step, base = statistics.median(times), statistics.median(single["times"])
+    step, base = statistics.median(times), statistics.median(baseline["times"])
     per_stage = []
     for s, rank in enumerate(schedule.stage_to_rank):
         ops = results[rank]["per_op"]
@@ -146,6 +185,13 @@ def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s
                    "device": _device_name(device), "torch": torch.__version__, "steps": config.steps,
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
     }
+
+
+def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float) -> dict:
+    """Measure `schedule` and the one-device baseline; the report as plain data."""
+    job = Job(schedule, model, config)
+    measured, baseline = measure_jobs([job, baseline_job(model, config)], schedule.num_ranks, device, timeout_s)
+    return report(job, measured, baseline[0], device)
 
 
 def _device_name(device: str) -> str:

@@ -15,16 +15,15 @@ import sys
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from hw.measure import Config, run
+from hw.measure import Config, Job, baseline_job, measure_jobs, report
 from parsim.compare import COLUMNS, compare
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.predict import predict
 from parsim.profile import load_profile
-from parsim.schedules import SCHEDULES, build
-from parsim.workload import mlp_model
+from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.workload import Model, mlp_model
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -73,13 +72,34 @@ def _profile(args: argparse.Namespace, out: Path):
     return load_profile(path), str(path)
 
 
+def _fits(schedule: str, gpus: int, microbatches: int, model: Model) -> bool:
+    """Whether a grid point can run: enough layers for the stages, equal micro-batches, the schedule's rules."""
+    virtual = 2 if schedule in VIRTUAL else 1
+    return (len(model.layers) >= gpus * virtual and model.tokens % microbatches == 0
+            and (schedule not in VIRTUAL or microbatches % gpus == 0))
+
+
+def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
+    """One CSV row: the point, its measured median and spread, and parsim's prediction."""
+    s, model = job.schedule, job.model
+    predicted, _ = predict(s, model, profile)
+    c = measured["config"]
+    return {"schedule": s.name, "gpus": s.num_ranks, "microbatches": s.num_microbatches, "layers": len(model.layers),
+            "hidden": model.layers[0].hidden, "tokens": model.tokens, "measured_s": measured["step_time_s"],
+            "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
+            "measured_single_gpu_s": measured["single_device_step_s"],
+            "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
+            "excluded": "", "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"],
+            "profile": profile_path}
+
+
 def main(args: argparse.Namespace) -> int:
     gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown or not schedules:
         raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sorted(SCHEDULES))}")
-    models = _models(args.models)
+    specs = _models(args.models)
     if not args.cpu:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have < max(gpus):
@@ -87,23 +107,19 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile, profile_path = _profile(args, out)
-    points = [(s, p, m, model) for model in models for p in gpus for s in schedules for m in mbs
-              if model[0] >= p and model[2] % m == 0]
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
-    rows = []
-    for schedule_name, p, m, (layers, hidden, tokens) in tqdm(points, desc="validating", file=sys.stderr):
-        model = mlp_model(layers, hidden, tokens)
-        schedule = build(schedule_name, p, m)
-        measured = run(schedule, model, Config(args.steps, args.warmup, dtype), device, args.timeout)
-        predicted, _ = predict(schedule, model, profile)
-        rows.append({"schedule": schedule_name, "gpus": p, "microbatches": m, "layers": layers, "hidden": hidden,
-                     "tokens": tokens, "measured_s": measured["step_time_s"],
-                     "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
-                     "measured_single_gpu_s": measured["single_device_step_s"],
-                     "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
-                     "excluded": "", "dtype": dtype, "device": measured["config"]["device"],
-                     "torch": measured["config"]["torch"], "date": measured["config"]["date"],
-                     "profile": profile_path})
+    config = Config(args.steps, args.warmup, dtype)
+    models = [mlp_model(*spec) for spec in specs]
+    jobs = [Job(build(s, p, m), model, config) for model in models for p in gpus for s in schedules for m in mbs
+            if _fits(s, p, m, model)]
+    if not jobs:
+        raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
+                          "micro-batch count (and for interleaved schedules, micro-batches divisible by GPUs)")
+    baselines = {model.name: baseline_job(model, config) for model in models}
+    measured = measure_jobs(jobs + list(baselines.values()), max(gpus), device, args.timeout)
+    base = dict(zip(baselines, (m[0] for m in measured[len(jobs):])))
+    rows = [_row(job, report(job, result, base[job.model.name], device), profile, profile_path)
+            for job, result in zip(jobs, measured)]
     csv_path = out / "results.csv"
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "dtype", "device", "torch", "date", "profile"])
