@@ -160,7 +160,7 @@ def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dt
     """The stages this rank hosts, with the weights every rank (and the reference) draws from `seed`."""
     from hw.models import build_stage
 
-    return {s: build_stage(model, schedule.num_stages, s, seed).to(device, dtype)
+    return {s: build_stage(model, schedule.num_stages, s, seed, device).to(dtype)
             for s, owner in enumerate(schedule.stage_to_rank) if owner == rank}
 
 

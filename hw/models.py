@@ -24,13 +24,19 @@ class MlpBlock(nn.Module):
 LAYER_KINDS = {"mlp": MlpBlock}
 
 
+def build_layer(model: Model, index: int, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
+    """Layer `index` of `model`, drawn from its own seed: a stage builds only its layers, on its device."""
+    torch.manual_seed(seed * 1_000_003 + index)
+    with torch.device(device):
+        return LAYER_KINDS[model.layers[index].kind](model.layers[index].hidden)
+
+
 def build_layers(model: Model, seed: int = 0) -> list[nn.Module]:
-    """All layers of `model`, initialised from `seed` so every rank builds the same weights."""
-    torch.manual_seed(seed)
-    return [LAYER_KINDS[layer.kind](layer.hidden) for layer in model.layers]
+    """All layers of `model`; every rank that builds layer i gets the same weights (per device type)."""
+    return [build_layer(model, i, seed) for i in range(len(model.layers))]
 
 
-def build_stage(model: Model, num_stages: int, stage: int, seed: int = 0) -> nn.Sequential:
+def build_stage(model: Model, num_stages: int, stage: int, seed: int = 0,
+                device: torch.device | str = "cpu") -> nn.Sequential:
     """The layers of one stage under parsim's equal partition."""
-    layers = build_layers(model, seed)
-    return nn.Sequential(*(layers[i] for i in partition(len(layers), num_stages)[stage]))
+    return nn.Sequential(*(build_layer(model, i, seed, device) for i in partition(len(model.layers), num_stages)[stage]))

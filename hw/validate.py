@@ -93,6 +93,14 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
             "profile": profile_path}
 
 
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "dtype", "device", "torch", "date", "profile"])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buf.getvalue())
+
+
 def main(args: argparse.Namespace) -> int:
     gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
@@ -110,22 +118,20 @@ def main(args: argparse.Namespace) -> int:
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     models = [mlp_model(*spec) for spec in specs]
-    jobs = [Job(build(s, p, m), model, config) for model in models for p in gpus for s in schedules for m in mbs
-            if _fits(s, p, m, model)]
-    if not jobs:
+    grid = [(model, [Job(build(s, p, m), model, config) for p in gpus for s in schedules for m in mbs
+                     if _fits(s, p, m, model)]) for model in models]
+    if not any(jobs for _, jobs in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
                           "micro-batch count (and for interleaved schedules, micro-batches divisible by GPUs)")
-    baselines = {model.name: baseline_job(model, config) for model in models}
-    measured = measure_jobs(jobs + list(baselines.values()), max(gpus), device, args.timeout)
-    base = dict(zip(baselines, (m[0] for m in measured[len(jobs):])))
-    rows = [_row(job, report(job, result, base[job.model.name], device), profile, profile_path)
-            for job, result in zip(jobs, measured)]
-    csv_path = out / "results.csv"
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "dtype", "device", "torch", "date", "profile"])
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(csv_path, buf.getvalue())
+    csv_path, rows = out / "results.csv", []
+    for model, jobs in grid:  # one process group per model; the CSV grows after each
+        if not jobs:
+            continue
+        world = max(job.schedule.num_ranks for job in jobs)
+        *measured, (baseline, *_) = measure_jobs(jobs + [baseline_job(model, config)], world, device, args.timeout)
+        rows += [_row(job, report(job, result, baseline, device), profile, profile_path)
+                 for job, result in zip(jobs, measured)]
+        _write_csv(csv_path, rows)
     table, plots = compare(csv_path, out)
     print(table)
     print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
