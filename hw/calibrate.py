@@ -90,12 +90,15 @@ def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[i
     return samples
 
 
-def host_samples(device: torch.device, dtype: torch.dtype) -> dict:
-    """Host time to issue one layer's forward, input-grad and full backward at a tiny size, GPU idle."""
-    layer = MlpBlock(64).to(device, dtype)
-    params = list(layer.parameters())
-    x = torch.randn(8, 64, device=device, dtype=dtype, requires_grad=True)
+HOST_DEPTHS = (1, 2, 4, 8)  # layers per call when timing the host: the slope is per layer, the rest per call
 
+
+def host_samples(device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Host time to issue forward, input-grad and full backward through k tiny layers, GPU idle.
+
+    One autograd call covers a whole stage in the real step, so its set-up cost is paid per action,
+    not per layer: timing several depths separates the two (see host_per_layer).
+    """
     def host_time(fn) -> float:
         times = []
         for _ in range(50):
@@ -106,12 +109,25 @@ def host_samples(device: torch.device, dtype: torch.dtype) -> dict:
         sync(device)
         return statistics.median(times[5:])
 
-    fwd = host_time(lambda: layer(x))
-    y = layer(x)
-    g = torch.randn_like(y)
-    inp = host_time(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
-    full = host_time(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True))
-    return {"forward_s": fwd, "backward_input_s": inp, "backward_s": full}
+    rows = []
+    for k in HOST_DEPTHS:
+        stack = torch.nn.Sequential(*(MlpBlock(64) for _ in range(k))).to(device, dtype)
+        x = torch.randn(8, 64, device=device, dtype=dtype, requires_grad=True)
+        fwd = host_time(lambda: stack(x))
+        y = stack(x)
+        g = torch.randn_like(y)
+        inp = host_time(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
+        # as the executor does it: one backward call that accumulates into every parameter's .grad
+        full = host_time(lambda: torch.autograd.backward(y, g, retain_graph=True))
+        rows.append({"layers": k, "forward_s": fwd, "backward_input_s": inp, "backward_s": full})
+    return rows
+
+
+def host_per_layer(rows: list[dict]) -> tuple[dict[str, float], dict[str, Fit]]:
+    """Per-layer host cost of each kind: the slope of host time over depth (its intercept is per call)."""
+    depth = [r["layers"] for r in rows]
+    fits = {k: fit_affine(depth, [r[k] for r in rows]) for k in ("forward_s", "backward_input_s", "backward_s")}
+    return {k: 1 / f.rate for k, f in fits.items()}, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
 def action_overhead_s(device: torch.device, dtype: torch.dtype, layer_host: dict) -> float:
@@ -172,7 +188,7 @@ def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -
     """Ping-pong between ranks 0 and 1 (one-way time = half the round trip); all-reduce over all."""
     import torch.distributed as dist
 
-    out = {"p2p": [], "allreduce": []}
+    out = {"p2p": [], "allreduce": [], "post_s": _p2p_host_s(rank, device)}
     for n in sizes:
         buf = torch.ones(max(n // 4, 1), device=device)
         for k in range(13):
@@ -195,6 +211,37 @@ def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -
             if k >= 3 and rank == 0:
                 out["allreduce"].append({"bytes": n, "seconds": time.perf_counter() - t0})
     return out
+
+
+def _p2p_host_s(rank: int, device: torch.device) -> list[float]:
+    """Host time of each send and receive action in hw's own executor: ranks 0 and 1 run a tiny 1F1B."""
+    import torch.distributed as dist
+
+    from hw.executor import StageRunner, channel_groups, make_batch, split_batch, stage_modules
+    from parsim.schedules import one_f_one_b
+    from parsim.workload import mlp_model
+
+    m = 16
+    schedule, model = one_f_one_b(2, m), mlp_model(2, 64, 8 * m)
+    channels = channel_groups(schedule)  # every rank joins the group calls
+    times: list[float] = []
+    if rank < 2:
+        runner = StageRunner(schedule, rank, stage_modules(model, schedule, rank, device, torch.float32), channels)
+        io = split_batch(*make_batch(model, device, torch.float32), m)
+        started: dict = {}
+
+        def observe(action, phase: str) -> None:
+            if not action.is_compute:
+                if phase == "start":
+                    started[action] = time.perf_counter()
+                else:
+                    times.append(time.perf_counter() - started.pop(action))
+
+        for k in range(8):
+            runner.step(io, observe if k >= 3 else None)
+            sync(device)
+    dist.barrier()
+    return times
 
 
 def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, CollectiveSpec, dict, dict]:
@@ -266,9 +313,11 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     hidden = [64, 128] if cpu else hidden
     with tqdm(total=len(hidden) * len(tokens) + 4, desc="calibrating", file=sys.stderr) as progress:
         layer_rows = layer_samples(device, dtype, hidden, tokens, progress)
-        host = host_samples(device, dtype)
+        host_rows = host_samples(device, dtype)
+        host, fits = host_per_layer(host_rows)
         progress.update()
-        costs, fits = layer_costs(layer_rows, host)
+        costs, layer_fits = layer_costs(layer_rows, host)
+        fits |= layer_fits
         per_hidden = {}
         for h in hidden:  # a fit per hidden size too: small matmuls run far below the large ones' rate
             per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host)
@@ -283,12 +332,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
-    samples = {"layers": layer_rows, "host": host, "copies": copy_rows, "op_costs": op_costs}
+    samples = {"layers": layer_rows, "host": host_rows, "copies": copy_rows, "op_costs": op_costs}
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     if count >= 2:
         sizes = [1 << k for k in range(12, 29 if not cpu else 21, 2)]
         nvlink, allreduce, gpu_fits, raw = gpu_links(count, "cpu" if cpu else "cuda", sizes)
+        p2p_s = statistics.median(raw["post_s"])
         links["nvlink"], collectives["allreduce"] = nvlink, allreduce
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
         samples["gpu_links"] = raw
@@ -310,7 +360,8 @@ def _driver() -> str | None:
 def _report(fits: dict[str, Fit], out: Path, samples: Path) -> None:
     print(f"{'fit':<24} {'fixed':>10} {'rate':>12} {'R^2':>8} {'worst':>7}")
     for name, f in fits.items():
-        unit = "FLOP/s" if not name.startswith("link") else "B/s"
         flag = "  POOR FIT" if f.poor else ""
-        print(f"{name:<24} {f.fixed_s * 1e6:>8.2f}us {f.rate:>10.3g}{unit[0]} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
+        rate = (f"{1e6 / f.rate:>8.2f}us/L" if name.startswith("host")  # host: per call + per layer
+                else f"{f.rate:>10.3g}{'B' if name.startswith('link') else 'F'}")
+        print(f"{name:<24} {f.fixed_s * 1e6:>8.2f}us {rate} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
     print(f"wrote {out} and {samples}")

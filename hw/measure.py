@@ -132,14 +132,19 @@ def _time_job(rank: int, device: torch.device, job: Job, channels: dict, team) -
     timer = ActionTimer(device)
     one_step(timer)
     settle()
-    if config.trace:  # one more step on every rank (they exchange messages); rank 0 profiles it
-        if rank == 0:
-            _profile_one_step(one_step, device, config.trace)
-        else:
-            one_step()
+    if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
+        _profile_one_step(one_step, device, trace_path(config.trace, rank))
     per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"times": times, "per_op": per_op, "peak_memory_bytes": peak}
+
+
+def trace_path(path: str, rank: int) -> str:
+    """Where rank `rank` writes its profiler trace: `path` itself for rank 0."""
+    if rank == 0:
+        return path
+    base, dot, ext = path.rpartition(".")
+    return f"{base}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
 def _profile_one_step(one_step, device: torch.device, path: str) -> None:
@@ -213,7 +218,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace of one step on rank 0")
+    p.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
+                                                  "FILE's stem + .rankR for the others")
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -27,7 +27,8 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]
     assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in out["per_stage"])
     assert out["config"]["schedule"] == "1f1b" and out["config"]["dtype"] == "fp32"
-    assert "traceEvents" in json.loads(trace.read_text())
+    for path in (trace, tmp_path / "trace.rank1.json"):  # every rank profiles its own step
+        assert "traceEvents" in json.loads(path.read_text())
 
 
 def test_measure_without_enough_gpus_says_so_before_starting_anything():
