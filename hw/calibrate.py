@@ -70,20 +70,31 @@ def fit_affine(work: list[float], seconds: list[float]) -> Fit:
 
 # --- 1. layers ---------------------------------------------------------------------------------
 
+LAYER_DEPTH = 4  # layers chained per timing: each reads the one before's output, as in a real stage
+
+
 def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[int], tokens: list[int],
                   progress: tqdm) -> list[dict]:
-    """GPU time of one MlpBlock's forward, input-grad and full backward, per (hidden, tokens)."""
+    """GPU time of one MlpBlock's forward, input-grad and full backward, per (hidden, tokens).
+
+    Timed through a chain of LAYER_DEPTH layers and divided: one layer fed the same input again and
+    again keeps it in L2 and ran ~10% faster than the layers of a real step.
+    """
     samples = []
     for h in hidden_sizes:
-        layer = MlpBlock(h).to(device, dtype)
-        params = list(layer.parameters())
+        stack = torch.nn.Sequential(*(MlpBlock(h) for _ in range(LAYER_DEPTH))).to(device, dtype)
+        params = list(stack.parameters())
         for n in tokens:
             x = torch.randn(n, h, device=device, dtype=dtype, requires_grad=True)
-            y = layer(x)
+            y = stack(x)
             g = torch.randn_like(y)
-            forward = gpu_time_s(lambda: layer(x), device, batch=5)
-            input_grad = gpu_time_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True), device, batch=5)
-            full = gpu_time_s(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True), device, batch=5)
+
+            def per_layer(fn) -> float:
+                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=20_000_000) / LAYER_DEPTH
+
+            forward = per_layer(lambda: stack(x))
+            input_grad = per_layer(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
+            full = per_layer(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True))
             samples.append({"hidden": h, "tokens": n, "flops": Layer("mlp", h).flops_per_token * n,
                             "forward_s": forward, "backward_input_s": input_grad, "backward_s": full})
             progress.update()
@@ -99,15 +110,18 @@ def host_samples(device: torch.device, dtype: torch.dtype) -> list[dict]:
     One autograd call covers a whole stage in the real step, so its set-up cost is paid per action,
     not per layer: timing several depths separates the two (see host_per_layer).
     """
-    def host_time(fn) -> float:
+    def host_time(fn, calls: int = 20) -> float:
+        """Host time per call in a steady run of calls, as in a busy step (a sync before each inflates it)."""
+        fn()
         times = []
-        for _ in range(50):
+        for _ in range(7):
             sync(device)
             t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) / calls)
         sync(device)
-        return statistics.median(times[5:])
+        return statistics.median(times)
 
     rows = []
     for k in HOST_DEPTHS:

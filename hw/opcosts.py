@@ -32,11 +32,12 @@ def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 20, w
     return statistics.median(times)
 
 
-def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int = 20) -> float:
+def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int = 20,
+               lead_cycles: int = 4_000_000) -> float:
     """GPU time of one call of fn, without the host's launch gaps.
 
-    On CUDA a spin kernel keeps the GPU busy while the host queues `batch` calls, so CUDA events
-    around them time the GPU alone; on the CPU it is plain wall time.
+    On CUDA a spin kernel of `lead_cycles` (4M: ~2 ms at H200 clocks) keeps the GPU busy while the
+    host queues `batch` calls, so CUDA events around them time the GPU alone; on the CPU it is wall time.
     """
     if device.type != "cuda":
         return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
@@ -45,7 +46,7 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(4_000_000)  # ~2 ms at H200 clocks: longer than queueing the batch
+        torch.cuda._sleep(lead_cycles)  # longer than queueing the batch takes the host
         start.record()
         for _ in range(batch):
             fn()
