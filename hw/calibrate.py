@@ -3,7 +3,7 @@
 What it measures, each alone and with the GPU's own clock where the GPU is what is timed:
   1. per layer (MlpBlock): forward, input-grad and full-backward GPU time over micro-batch sizes
      (weight-grad = full - input-grad), fitted to fixed_s + flops / flops_per_s;
-  2. the host: time to issue each layer op, and the runtime's fixed cost per compute action;
+  2. the host: per layer and per action, from host timers around the actions of hw's own executor;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
   5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
@@ -90,7 +90,7 @@ def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[i
             g = torch.randn_like(y)
 
             def per_layer(fn) -> float:
-                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=20_000_000) / LAYER_DEPTH
+                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=4_000_000, heat=20) / LAYER_DEPTH
 
             forward = per_layer(lambda: stack(x))
             input_grad = per_layer(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
@@ -101,66 +101,63 @@ def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[i
     return samples
 
 
-HOST_DEPTHS = (1, 2, 4, 8)  # layers per call when timing the host: the slope is per layer, the rest per call
+HOST_DEPTHS = (1, 2, 4, 8)  # layers per stage when timing the host: the slope is per layer, the rest per action
 
 
-def host_samples(device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """Host time to issue forward, input-grad and full backward through k tiny layers, GPU idle.
+def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 16) -> list[dict]:
+    """Host time of forward and backward actions in hw's own executor, stages of k tiny layers.
 
-    One autograd call covers a whole stage in the real step, so its set-up cost is paid per action,
-    not per layer: timing several depths separates the two (see host_per_layer).
+    Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
+    it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
+    Also the host time of an input-grad alone per layer, to split the backward's share.
     """
-    def host_time(fn, calls: int = 20) -> float:
-        """Host time per call in a steady run of calls, as in a busy step (a sync before each inflates it)."""
-        fn()
-        times = []
-        for _ in range(7):
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - t0) / calls)
-        sync(device)
-        return statistics.median(times)
+    from hw.executor import StageRunner, make_batch, split_batch
+    from hw.models import build_stage
+    from parsim.schedules import Op, gpipe
+    from parsim.workload import mlp_model
 
     rows = []
     for k in HOST_DEPTHS:
-        stack = torch.nn.Sequential(*(MlpBlock(64) for _ in range(k))).to(device, dtype)
+        model, schedule = mlp_model(k, 64, 8 * microbatches), gpipe(1, microbatches)
+        stage = build_stage(model, 1, 0, device=device).to(dtype)
+        runner = StageRunner(schedule, 0, {0: stage}, {})
+        io = split_batch(*make_batch(model, device, dtype), microbatches)
+        spans: dict[str, list[float]] = {Op.FORWARD: [], Op.BACKWARD: []}
+        started: dict = {}
+
+        def observe(action, phase: str) -> None:
+            if phase == "start":
+                started[action] = time.perf_counter()
+            else:
+                spans[action.op].append(time.perf_counter() - started.pop(action))
+
+        for step in range(8):
+            runner.step(io, observe if step >= 3 else None)
+        sync(device)
         x = torch.randn(8, 64, device=device, dtype=dtype, requires_grad=True)
-        fwd = host_time(lambda: stack(x))
-        y = stack(x)
+        y = stage(x)
         g = torch.randn_like(y)
-        inp = host_time(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
-        # as the executor does it: one backward call that accumulates into every parameter's .grad
-        full = host_time(lambda: torch.autograd.backward(y, g, retain_graph=True))
-        rows.append({"layers": k, "forward_s": fwd, "backward_input_s": inp, "backward_s": full})
+        rows.append({"layers": k, "forward_s": statistics.median(spans[Op.FORWARD]),
+                     "backward_s": statistics.median(spans[Op.BACKWARD]),
+                     "input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
+                                                   device, repeat=10),
+                     "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
+                                                  device, repeat=10)})
     return rows
 
 
-def host_per_layer(rows: list[dict]) -> tuple[dict[str, float], dict[str, Fit]]:
-    """Per-layer host cost of each kind: the slope of host time over depth (its intercept is per call)."""
+def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit]]:
+    """Per-layer host cost of each op kind, and the per-action rest: slope and intercept over depth.
+
+    The backward's per-layer slope is split into input-grad and weight-grad by their calls' timings.
+    """
     depth = [r["layers"] for r in rows]
-    fits = {k: fit_affine(depth, [r[k] for r in rows]) for k in ("forward_s", "backward_input_s", "backward_s")}
-    return {k: 1 / f.rate for k, f in fits.items()}, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
-
-
-def action_overhead_s(device: torch.device, dtype: torch.dtype, layer_host: dict) -> float:
-    """The runtime's own cost per compute action: hw's executor on one device, tiny layers, minus their launches."""
-    from hw.executor import StageRunner, split_batch
-    from hw.models import build_stage
-    from parsim.schedules import gpipe
-    from parsim.workload import mlp_model
-
-    m, layers = 32, 2
-    model = mlp_model(layers, 64, 8 * m)
-    schedule = gpipe(1, m)
-    runner = StageRunner(schedule, 0, {0: build_stage(model, 1, 0).to(device, dtype)}, {})
-    x = torch.randn(model.tokens, 64, device=device, dtype=dtype)
-    io = split_batch(x, torch.randn_like(x), m)
-    step = median_s(lambda: runner.step(io), device, repeat=10)
-    per_action = step / (2 * m)
-    layers_s = layers * (layer_host["forward_s"] + layer_host["backward_s"]) / 2
-    return max(per_action - layers_s, 0.0)
+    fits = {k: fit_affine(depth, [r[k] for r in rows]) for k in ("forward_s", "backward_s")}
+    forward, backward = (1 / fits[k].rate for k in ("forward_s", "backward_s"))
+    share = statistics.median(min(r["input_grad_call_s"] / r["full_grad_call_s"], 1.0) for r in rows)
+    per_layer = {"forward_s": forward, "backward_input_s": backward * share, "backward_s": backward}
+    action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
+    return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
 def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, Fit]]:
@@ -325,10 +322,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
     hidden = [64, 128] if cpu else hidden
-    with tqdm(total=len(hidden) * len(tokens) + 4, desc="calibrating", file=sys.stderr) as progress:
+    with tqdm(total=len(hidden) * len(tokens) + 3, desc="calibrating", file=sys.stderr) as progress:
         layer_rows = layer_samples(device, dtype, hidden, tokens, progress)
         host_rows = host_samples(device, dtype)
-        host, fits = host_per_layer(host_rows)
+        host, action_s, fits = host_costs(host_rows)
         progress.update()
         costs, layer_fits = layer_costs(layer_rows, host)
         fits |= layer_fits
@@ -336,8 +333,6 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
         for h in hidden:  # a fit per hidden size too: small matmuls run far below the large ones' rate
             per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host)
             fits |= {f"{op}@{h}": f for op, f in h_fits.items()}
-        action_s = action_overhead_s(device, dtype, host)
-        progress.update()
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
         links, link_fits, copy_rows = copy_links(device, copy_sizes)
         progress.update()

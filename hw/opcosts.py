@@ -33,20 +33,25 @@ def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 20, w
 
 
 def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int = 20,
-               lead_cycles: int = 4_000_000) -> float:
+               lead_cycles: int = 4_000_000, heat: int = 0) -> float:
     """GPU time of one call of fn, without the host's launch gaps.
 
     On CUDA a spin kernel of `lead_cycles` (4M: ~2 ms at H200 clocks) keeps the GPU busy while the
     host queues `batch` calls, so CUDA events around them time the GPU alone; on the CPU it is wall time.
+    heat > 0 puts that many large bf16 matmuls first (~1.5 ms each on an H200), so compute-bound calls
+    are timed at the clocks of a GPU under sustained load, as in a training step, not fresh from idle.
     """
     if device.type != "cuda":
         return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
     for _ in range(3):
         fn()
+    heater = torch.ones(8192, 8192, device=device, dtype=torch.bfloat16) if heat else None
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(lead_cycles)  # longer than queueing the batch takes the host
+        for _ in range(heat):
+            torch.mm(heater, heater)
         start.record()
         for _ in range(batch):
             fn()
