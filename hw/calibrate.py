@@ -90,7 +90,7 @@ def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[i
             g = torch.randn_like(y)
 
             def per_layer(fn) -> float:
-                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=4_000_000, heat=20) / LAYER_DEPTH
+                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=20_000_000) / LAYER_DEPTH
 
             forward = per_layer(lambda: stack(x))
             input_grad = per_layer(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
@@ -160,7 +160,26 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
-def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, Fit]]:
+SUSTAINED_HEAT = 600  # large matmuls before the hot timing: ~1 s of full load, as long as hw measure's timed steps
+
+
+def sustained_load(device: torch.device, dtype: torch.dtype) -> dict:
+    """How much slower compute-bound layers run after ~1 s of full load than fresh from idle.
+
+    A GPU at its power limit lowers its clocks: on an H200 a training step's kernels ran ~10% slower
+    than the same kernels timed in short bursts. The factor scales every layer cost (1 on the CPU).
+    """
+    if device.type != "cuda":
+        return {"factor": 1.0}
+    stack = torch.nn.Sequential(*(MlpBlock(2048) for _ in range(LAYER_DEPTH))).to(device, dtype)
+    x = torch.randn(8192, 2048, device=device, dtype=dtype)
+    fresh = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5)
+    hot = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5, heat=SUSTAINED_HEAT)
+    return {"fresh_s": fresh, "hot_s": hot, "heat_matmuls": SUSTAINED_HEAT, "factor": max(hot / fresh, 1.0)}
+
+
+def layer_costs(samples: list[dict], host: dict, slowdown: float = 1.0) -> tuple[LayerCosts, dict[str, Fit]]:
+    """Per-layer op costs: host from `host`, GPU from affine fits, stretched by the sustained-load slowdown."""
     flops = [s["flops"] for s in samples]
     weight = [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]
     fits = {"forward": fit_affine(flops, [s["forward_s"] for s in samples]),
@@ -168,8 +187,8 @@ def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, 
             "backward_weight": fit_affine(flops, weight)}
     hosts = {"forward": host["forward_s"], "backward_input": host["backward_input_s"],
              "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
-    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate) for k in ("forward", "backward_input",
-                                                                                  "backward_weight")))
+    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s * slowdown, fits[k].rate / slowdown)
+                         for k in ("forward", "backward_input", "backward_weight")))
     return costs, fits
 
 
@@ -308,12 +327,14 @@ def main(args: argparse.Namespace) -> int:
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
+            "sustained_load": samples["sustained_load"],
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]}
     profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
     samples_path = out.with_name(out.stem + ".samples.json")
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
     save_profile(profile, out)
     _report(fits, out, samples_path)
+    print(f"sustained-load slowdown x{samples['sustained_load']['factor']:.3f} applied to every layer cost")
     return 0
 
 
@@ -327,11 +348,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
         host_rows = host_samples(device, dtype)
         host, action_s, fits = host_costs(host_rows)
         progress.update()
-        costs, layer_fits = layer_costs(layer_rows, host)
+        load = sustained_load(device, dtype)
+        costs, layer_fits = layer_costs(layer_rows, host, load["factor"])
         fits |= layer_fits
         per_hidden = {}
         for h in hidden:  # a fit per hidden size too: small matmuls run far below the large ones' rate
-            per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host)
+            per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host,
+                                                         load["factor"])
             fits |= {f"{op}@{h}": f for op, f in h_fits.items()}
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
         links, link_fits, copy_rows = copy_links(device, copy_sizes)
@@ -341,7 +364,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
-    samples = {"layers": layer_rows, "host": host_rows, "copies": copy_rows, "op_costs": op_costs}
+    samples = {"layers": layer_rows, "sustained_load": load, "host": host_rows, "copies": copy_rows,
+               "op_costs": op_costs}
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     if count >= 2:

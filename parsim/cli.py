@@ -97,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
     c.add_argument("--measured", required=True, metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's folder)")
+    c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
     return parser
 
 
@@ -208,7 +209,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from parsim.compare import compare
 
-    table, plots = compare(args.measured, args.out)
+    profile = load_profile(args.profile) if args.profile else None
+    table, plots = compare(args.measured, args.out, profile)
     print(table)
     print("plots: " + ", ".join(map(str, plots)))
     return 0

@@ -11,7 +11,7 @@ import csv
 import io
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from parsim.errors import ParsimError
@@ -27,7 +27,9 @@ class Point:
     schedule: str
     gpus: int
     microbatches: int
-    model: str
+    layers: int
+    hidden: int
+    tokens: int
     measured_s: float
     measured_min_s: float
     measured_max_s: float
@@ -35,6 +37,10 @@ class Point:
     predicted_s: float
     predicted_single_gpu_s: float
     excluded: str = ""
+
+    @property
+    def model(self) -> str:
+        return f"{self.layers}x h={self.hidden}, {self.tokens} tokens"
 
     @property
     def error(self) -> float:
@@ -70,14 +76,29 @@ def read_points(path: str | Path) -> list[Point]:
             times = {c: float(row[c]) for c in COLUMNS if c.endswith("_s")}
             if not all(t > 0 for t in times.values()):  # also rejects NaN
                 raise ValueError("times must be positive")
-            model = f"{row['layers']}x h={row['hidden']}, {row['tokens']} tokens"
-            points.append(Point(row["schedule"], int(row["gpus"]), int(row["microbatches"]), model,
-                                excluded=(row.get("excluded") or "").strip(), **times))
+            sizes = [int(row[c]) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")]
+            if min(sizes) < 1:
+                raise ValueError("gpus, microbatches, layers, hidden and tokens must be >= 1")
+            points.append(Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(), **times))
         except (TypeError, ValueError) as e:
             raise ParsimError(f"results {path}, line {n}: {e}") from None
     if not points:
         raise ParsimError(f"results {path} has no rows")
     return points
+
+
+def repredict(points: list[Point], profile) -> list[Point]:
+    """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration)."""
+    from parsim.predict import predict
+    from parsim.schedules import build
+    from parsim.workload import mlp_model
+
+    out = []
+    for p in points:
+        predicted, _ = predict(build(p.schedule, p.gpus, p.microbatches), mlp_model(p.layers, p.hidden, p.tokens),
+                               profile)
+        out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s))
+    return out
 
 
 def summary(points: list[Point]) -> dict[str, float]:
@@ -167,9 +188,14 @@ def plot_speedups(points: list[Point], path: Path) -> None:
     _save(fig, path)
 
 
-def compare(csv_path: str | Path, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
-    """The error table, and the two plots written into out_dir (default: the CSV's folder)."""
+def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None) -> tuple[str, list[Path]]:
+    """The error table, and the two plots written into out_dir (default: the CSV's folder).
+
+    With a profile, the predictions are redone from it; the CSV's own predictions are left aside.
+    """
     points = read_points(csv_path)
+    if profile is not None:
+        points = repredict(points, profile)
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")
