@@ -328,7 +328,8 @@ def main(args: argparse.Namespace) -> int:
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
             "sustained_load": samples["sustained_load"],
-            "carried_from_base": [n for n, link in profile.links.items() if not link.measured]}
+            "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
+            + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
     profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
     samples_path = out.with_name(out.stem + ".samples.json")
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
@@ -375,8 +376,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
         links["nvlink"], collectives["allreduce"] = nvlink, allreduce
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
         samples["gpu_links"] = raw
-    profile = Profile(base.gpus_per_node if cpu else max(torch.cuda.device_count(), 1), links,
-                      HostCosts(action_s, p2p_s), {"mlp": costs, **per_hidden}, collectives=collectives)
+    # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
+    node = count if count >= 2 and not cpu else base.gpus_per_node
+    samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
+    profile = Profile(node, links, HostCosts(action_s, p2p_s), {"mlp": costs, **per_hidden}, collectives=collectives)
     return with_op_costs(profile, op_costs), samples, fits
 
 

@@ -109,13 +109,12 @@ class Profile:
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
         m = self.meta
-        origin = f"{m.get('gpu', '?')} x{self.gpus_per_node}, {m.get('date', 'undated')}, {m.get('source', '?')}"
-        unmeasured = [n for n, link in self.links.items() if not link.measured]
-        notes = []
-        if self.provisional:
-            notes.append("PROVISIONAL")
-        if unmeasured:
-            notes.append("not measured: " + ", ".join(unmeasured))
+        seen = f", calibrated on {m['gpu_count']}" if m.get("gpu_count") else ""
+        origin = (f"{m.get('gpu', '?')}, {self.gpus_per_node}-GPU node{seen}, {str(m.get('date', 'undated'))[:10]}, "
+                  f"{m.get('source', '?')}")
+        carried = m.get("carried_from_base") or [n for n, link in self.links.items() if not link.measured]
+        notes = (["PROVISIONAL"] if self.provisional else []) + ([f"carried or unmeasured: {', '.join(carried)}"]
+                                                                   if carried else [])
         return origin + (f" [{'; '.join(notes)}]" if notes else "")
 
     def to_json(self) -> dict[str, Any]:
