@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from parsim.compare import read_points, summary
+from parsim.compare import read_points, repredict, summary
 from parsim.errors import ParsimError
 
 FIXTURE = Path(__file__).parent / "data" / "results-fixture.csv"
@@ -32,6 +32,28 @@ def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
     pngs = sorted(p.name for p in tmp_path.iterdir())
     assert pngs == ["results-fixture-speedups.png", "results-fixture-step-times.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_repredict_redoes_every_prediction_from_the_given_profile():
+    from parsim.predict import predict
+    from parsim.profile import load_profile
+    from parsim.schedules import build
+    from parsim.workload import mlp_model
+
+    profile = load_profile(None)
+    points = read_points(FIXTURE)
+    again = repredict(points, profile)
+    for old, new in zip(points, again):
+        expected, _ = predict(build(old.schedule, old.gpus, old.microbatches),
+                              mlp_model(old.layers, old.hidden, old.tokens), profile)
+        assert new.predicted_s == pytest.approx(expected.step_time_s)
+        assert new.measured_s == old.measured_s and new.excluded == old.excluded
+
+
+def test_compare_with_a_profile_prints_the_redone_table(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(FIXTURE),
+                             "--out", str(tmp_path), "--profile", "no-such-profile.json"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no-such-profile.json" in result.stderr
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

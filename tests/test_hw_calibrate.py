@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate import fit_affine  # noqa: E402
+from hw.calibrate import fit_affine, host_costs, layer_costs  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 
 
@@ -30,6 +30,9 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     samples = json.loads((tmp_path / "p.samples.json").read_text())
     assert samples["samples"]["layers"] and samples["meta"]["fits"]["forward"]["r2"] <= 1
     assert "R^2" in r.stdout
+    # gloo processes measured the posting cost; a CPU says nothing of a GPU node, so its size is carried
+    assert "host.p2p_s" not in profile.meta["carried_from_base"] and profile.host.p2p_s > 0
+    assert "gpus_per_node" in profile.meta["carried_from_base"]
 
 
 def test_calibrate_never_overwrites_without_force(tmp_path):
@@ -61,3 +64,26 @@ def test_fit_recovers_fixed_cost_and_rate_from_noisy_timings():
 def test_a_poor_fit_says_so():
     fit = fit_affine([1, 2, 3, 4], [1.0, 5.0, 1.0, 5.0])
     assert fit.poor
+
+
+def test_host_costs_split_per_layer_slope_from_per_action_intercept():
+    # host time of an action = per-action part + layers * per-layer part; input-grad is 40% of a backward
+    rows = [{"layers": k, "forward_s": 70e-6 + k * 100e-6, "backward_s": 60e-6 + k * 250e-6,
+             "input_grad_call_s": 40e-6 * k, "full_grad_call_s": 100e-6 * k} for k in (1, 2, 4, 8)]
+    per_layer, action_s, fits = host_costs(rows)
+    assert per_layer["forward_s"] == pytest.approx(100e-6, rel=1e-4)
+    assert per_layer["backward_s"] == pytest.approx(250e-6, rel=1e-4)
+    assert per_layer["backward_input_s"] == pytest.approx(0.4 * 250e-6, rel=1e-4)
+    assert action_s == pytest.approx((70e-6 + 60e-6) / 2, rel=1e-3)
+    assert not any(f.poor for f in fits.values())
+
+
+def test_sustained_load_slowdown_stretches_every_layer_cost():
+    samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
+                "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]
+    host = {"forward_s": 1e-4, "backward_input_s": 1e-4, "backward_s": 3e-4}
+    fresh, _ = layer_costs(samples, host)
+    hot, _ = layer_costs(samples, host, slowdown=1.1)
+    for a, b in ((fresh.forward, hot.forward), (fresh.backward_input, hot.backward_input),
+                 (fresh.backward_weight, hot.backward_weight)):
+        assert b.gpu_s(1e11) == pytest.approx(1.1 * a.gpu_s(1e11)) and b.host_s == a.host_s

@@ -48,3 +48,11 @@ def test_measure_without_enough_gpus_says_so_before_starting_anything():
 def test_bad_measure_input_is_one_line_and_exit_2(argv, message):
     r = _measure(*argv)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_each_rank_writes_its_trace_beside_rank_zeros():
+    from hw.measure import trace_path
+
+    assert trace_path("out/t.json", 0) == "out/t.json"
+    assert trace_path("out/t.json", 3) == "out/t.rank3.json"
+    assert trace_path("out.d/trace", 1) == "out.d/trace.rank1"
