@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from collections.abc import Callable
 
 from parsim.errors import ParsimError
@@ -95,9 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true")
 
     c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
-    c.add_argument("--measured", required=True, metavar="CSV", help="results written by `python -m hw validate`")
-    c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's folder)")
+    c.add_argument("--measured", metavar="CSV", help="results written by `python -m hw validate`")
+    c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
     c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
+    c.add_argument("--timeline", metavar="TRACE", help="a `hw measure --trace` file to lay over the simulated step")
+    c.add_argument("--point", metavar="SCHEDULE,GPUS,M,LxHxT", help="the measured point of --timeline, "
+                                                                   "e.g. 1f1b,2,8,16x2048x8192")
+    c.add_argument("--gpu", type=int, default=0, help="the rank the trace is of (default 0)")
     return parser
 
 
@@ -209,11 +214,37 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from parsim.compare import compare
 
-    profile = load_profile(args.profile) if args.profile else None
-    table, plots = compare(args.measured, args.out, profile)
-    print(table)
-    print("plots: " + ", ".join(map(str, plots)))
+    if not (args.measured or args.timeline):
+        raise ParsimError("compare needs --measured CSV, or --timeline TRACE with --point")
+    if args.measured:
+        profile = load_profile(args.profile) if args.profile else None
+        table, plots = compare(args.measured, args.out, profile)
+        print(table)
+        print("plots: " + ", ".join(map(str, plots)))
+    if args.timeline:
+        print(f"timeline: {_overlay(args)}")
     return 0
+
+
+def _overlay(args: argparse.Namespace) -> Path:
+    """Simulate --point with the profile and draw it under the profiled --timeline; the PNG's path."""
+    from parsim.overlay import write_overlay
+
+    try:
+        schedule, gpus, m, spec = (args.point or "").split(",")
+        layers, hidden, tokens = (int(v) for v in spec.lower().split("x"))
+        gpus, m = int(gpus), int(m)
+    except ValueError:
+        raise ParsimError(f"--point takes SCHEDULE,GPUS,M,LAYERSxHIDDENxTOKENS, got {args.point!r}") from None
+    if not 0 <= args.gpu < gpus:
+        raise ParsimError(f"--gpu must name one of the point's {gpus} GPUs, got {args.gpu}")
+    _, sim = predict(build(schedule, gpus, m), mlp_model(layers, hidden, tokens), load_profile(args.profile))
+    out = Path(args.out) if args.out else Path(args.timeline).parent
+    if not out.is_dir():
+        raise ParsimError(f"output folder {out} does not exist")
+    path = out / f"{Path(args.timeline).name.split('.')[0]}-overlay.png"
+    write_overlay(sim, args.gpu, args.timeline, path)
+    return path
 
 
 COMMANDS = {"predict": cmd_predict, "sweep": cmd_sweep, "plan": cmd_plan, "scenario": cmd_scenario,
