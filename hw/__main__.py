@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from parsim.cli import OneLineErrors, run_command
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, module = _parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
+    if args.command != "measure" and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        print(f"error: `hw {args.command}` starts its own processes; run it without torchrun "
+              "(only `hw measure` runs as torchrun's ranks)", file=sys.stderr)
+        return 2
     return run_command(module.main, args)
 
 

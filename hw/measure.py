@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hw.executor import Groups, StageRunner, channel_groups, make_batch, split_batch, stage_modules
-from hw.workers import spawn
+from hw.workers import kill_point, spawn, under_torchrun
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe
@@ -123,10 +124,11 @@ def _time_job(rank: int, device: torch.device, job: Job, channels: dict, team) -
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = []
+    observe = _killer(rank)
     for _ in range(config.steps):
         settle()
         t0 = time.perf_counter()
-        one_step()
+        one_step(observe)
         settle()
         times.append(time.perf_counter() - t0)
     timer = ActionTimer(device)
@@ -137,6 +139,20 @@ def _time_job(rank: int, device: torch.device, job: Job, channels: dict, team) -
     per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"times": times, "per_op": per_op, "peak_memory_bytes": peak}
+
+
+def _killer(rank: int):
+    """The fault-injection hook of HW_KILL_AT (see hw.workers.kill_point), or None."""
+    point = kill_point()
+    if point is None or point[0] != rank:
+        return None
+    seen = iter(range(10**9))
+
+    def observe(action: Action, phase: str) -> None:
+        if phase == "start" and next(seen) == point[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return observe
 
 
 def trace_path(path: str, rank: int) -> str:
@@ -230,7 +246,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ParsimError("--warmup must be >= 0 and --timeout > 0")
     if not args.cpu:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have < args.gpus:
+        if have == 0 or (have < args.gpus and not under_torchrun()):  # under torchrun, GPUs span nodes
             raise ParsimError(f"--gpus {args.gpus} needs {args.gpus} CUDA GPUs; this machine has {have} "
                               "(pass --cpu to run the ranks on the CPU)")
 

@@ -53,6 +53,15 @@ def init_rank(rank: int, world: int, device: str, timeout_s: float) -> torch.dev
     return dev
 
 
+def kill_point() -> tuple[int, int] | None:
+    """Fault injection for tests: HW_KILL_AT="RANK:N" kills that rank (SIGKILL) at its N-th timed action."""
+    spec = os.environ.get("HW_KILL_AT")
+    if not spec:
+        return None
+    rank, n = spec.split(":")
+    return int(rank), int(n)
+
+
 def _entry(rank: int, world: int, device: str, timeout_s: float, fn: Callable, args: tuple, results: Any) -> None:
     try:
         dev = init_rank(rank, world, device, timeout_s)
@@ -71,13 +80,34 @@ def _entry(rank: int, world: int, device: str, timeout_s: float, fn: Callable, a
                 pass
 
 
+def _death(procs: list, outputs: dict, killed_only: bool = False) -> str | None:
+    """A line naming the first rank that died without reporting (killed by a signal, or exited), if any."""
+    for r, p in enumerate(procs):
+        code = p.exitcode
+        if r in outputs or code in (None, 0) or (killed_only and code > 0):
+            continue
+        return f"rank {r} was killed by signal {-code}" if code < 0 else f"rank {r} exited with status {code}"
+    return None
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun (or another launcher) started this process as one rank of a group."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeout_s: float = 60.0,
           deadline_s: float = 600.0) -> list[Any]:
     """Run fn(rank, world, device, *args) in `world` processes; return their results by rank.
 
     Raises ParsimError naming the first rank that failed, once every process has been stopped.
+    Under torchrun this process is one of the ranks instead (see as_torchrun_rank).
     """
+    if under_torchrun():
+        return as_torchrun_rank(fn, world, args, device, timeout_s)
     ctx = mp.get_context("spawn")
+    # A rank stopped mid-write leaves the queue's semaphore behind; the tracker's shutdown warning
+    # about it would only add a second line to the one-line error.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **SAFE_NCCL_ENV})
     results = ctx.Queue()
     procs = [ctx.Process(target=_entry, args=(r, world, device, timeout_s, fn, args, results), daemon=True)
@@ -95,14 +125,13 @@ def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeo
             try:
                 rank, status, *rest = results.get(timeout=0.2)
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outputs]
-                if dead:
-                    failure = f"rank {dead[0]} exited with status {procs[dead[0]].exitcode}"
+                failure = _death(procs, outputs)
                 continue
             if status == "ok":
                 outputs[rank] = pickle.loads(rest[0])
-            else:
-                failure = f"rank {rank} failed: {rest[0]}"
+            else:  # a rank's error is often the echo of a peer that died first: name that one
+                time.sleep(0.5)
+                failure = _death(procs, outputs, killed_only=True) or f"rank {rank} failed: {rest[0]}"
     finally:
         for p in procs:
             if p.is_alive():
@@ -114,3 +143,31 @@ def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeo
     if failure:
         raise ParsimError(failure + "; every other rank was stopped")
     return [outputs[r] for r in range(world)]
+
+
+def as_torchrun_rank(fn: Callable, world: int, args: tuple, device: str, timeout_s: float) -> list[Any]:
+    """Run fn as the rank torchrun made this process; rank 0 gets every rank's result, the others exit.
+
+    A rank that fails or dies leaves its peers' next wait to time out after timeout_s, so each
+    exits with an error, and torchrun with non-zero status.
+    """
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if size != world:
+        raise ParsimError(f"torchrun started {size} processes but this run needs {world}; "
+                          f"pass --nproc-per-node {world} (times the number of nodes)")
+    dev = init_rank(rank, world, device, timeout_s)
+    try:
+        out = fn(rank, world, dev, *args)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(out, gathered, dst=0)
+    except (RuntimeError, dist.DistBackendError) as e:  # a peer died or hung: its messages never came
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ParsimError(f"rank {rank} failed: {type(e).__name__}: {first} (did another rank die?)") from None
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
+            pass
+    if rank != 0:
+        raise SystemExit(0)  # rank 0 reports for everyone
+    return gathered

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,3 +58,39 @@ def test_each_rank_writes_its_trace_beside_rank_zeros():
     assert trace_path("out/t.json", 0) == "out/t.json"
     assert trace_path("out/t.json", 3) == "out/t.rank3.json"
     assert trace_path("out.d/trace", 1) == "out.d/trace.rank1"
+
+
+TINY = ["--cpu", "--gpus", "2", "--microbatches", "4", "--layers", "2", "--hidden", "16", "--tokens", "8",
+        "--steps", "2", "--warmup", "1", "--timeout", "5"]
+
+
+def _torchrun(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "hw", *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_rank_killed_mid_step_ends_the_run_with_one_line_naming_it():
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "hw", "measure", *TINY], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HW_KILL_AT": "1:3"})
+    assert r.returncode == 2 and time.monotonic() - t0 < 60
+    assert r.stderr.strip().splitlines() == ["error: rank 1 was killed by signal 9; every other rank was stopped"]
+
+
+def test_measure_runs_as_torchruns_ranks_and_reports_once():
+    r = _torchrun("measure", *TINY, "--json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count('"step_time_s"') == 1 and [s["rank"] for s in json.loads(r.stdout)["per_stage"]] == [0, 1]
+
+
+def test_under_torchrun_a_killed_rank_makes_its_peer_and_torchrun_fail():
+    t0 = time.monotonic()
+    r = _torchrun("measure", *TINY, env={"HW_KILL_AT": "1:3"})
+    assert r.returncode != 0 and time.monotonic() - t0 < 90
+    assert "error: rank 0 failed:" in r.stderr and "did another rank die?" in r.stderr
+
+
+def test_commands_that_start_their_own_processes_refuse_torchrun():
+    r = _torchrun("validate", "--cpu")
+    assert r.returncode != 0 and "starts its own processes; run it without torchrun" in r.stderr
