@@ -7,7 +7,8 @@ forward activations and backward gradients never queue behind each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,7 @@ class StepState:
     inputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (stage, mb) -> stage input
     outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # stage output, or loss on the last
     grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # grad of a stage's input, to send
+    weight_work: dict[tuple[int, int], list] = field(default_factory=dict)  # I's leftovers for W (see _backward_input)
     received: dict[Action, tuple[torch.Tensor, dist.Work]] = field(default_factory=dict)  # posted receives
     arrived: dict[Action, torch.Tensor] = field(default_factory=dict)  # compute action -> its message
     sends: list[dist.Work] = field(default_factory=list)
@@ -76,6 +78,7 @@ class StageRunner:
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
+        self.split_stages = {a.stage for a in schedule.actions[rank] if a.op == Op.BACKWARD_INPUT}
 
     def step(self, io: StepIO, observe: Callable[[Action, str], None] | None = None) -> torch.Tensor | None:
         """Run every action of this rank once; return the step's loss on the last stage, else None.
@@ -95,11 +98,9 @@ class StageRunner:
         return state.loss
 
     def run(self, a: Action, io: StepIO, st: StepState) -> None:
-        handler = {Op.FORWARD: self._forward, Op.BACKWARD: self._backward, Op.SEND_F: self._send,
-                   Op.SEND_B: self._send, Op.RECV_F: self._recv, Op.RECV_B: self._recv}.get(a.op)
-        if handler is None:
-            raise ParsimError(f"hw does not run split backward actions ({a}) yet; use gpipe, 1f1b or "
-                              "interleaved-1f1b")
+        handler = {Op.FORWARD: self._forward, Op.BACKWARD: self._backward, Op.BACKWARD_INPUT: self._backward_input,
+                   Op.BACKWARD_WEIGHT: self._backward_weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
+                   Op.RECV_F: self._recv, Op.RECV_B: self._recv}[a.op]
         handler(a, io, st)
 
     def _peer_group(self, a: Action) -> tuple[int, dist.ProcessGroup]:
@@ -116,7 +117,9 @@ class StageRunner:
         """Before a compute action, wait for the message it consumes (if it comes from another rank)."""
         needs = {Op.FORWARD: (Op.RECV_F, a.stage > 0 and self.schedule.stage_to_rank[a.stage - 1] != self.rank),
                  Op.BACKWARD: (Op.RECV_B, a.stage < self.last
-                               and self.schedule.stage_to_rank[a.stage + 1] != self.rank)}.get(a.op)
+                               and self.schedule.stage_to_rank[a.stage + 1] != self.rank)}
+        needs[Op.BACKWARD_INPUT] = needs[Op.BACKWARD]
+        needs = needs.get(a.op)
         if needs and needs[1]:
             buf, work = st.received.pop(Action(needs[0], a.stage, a.microbatch))
             work.wait()  # on NCCL: the current stream waits; the host does not
@@ -136,23 +139,65 @@ class StageRunner:
             x = st.outputs[(s - 1, i)].detach().requires_grad_()  # handed over locally; grads go back by hand
         else:
             x = st.arrived.pop(a).requires_grad_()
-        y = self.stages[s](x)
+        if s in self.split_stages:  # keep each weighted module's output: W needs it and the grad reaching it
+            with _capture_weighted_outputs(self.stages[s]) as captured:
+                y = self.stages[s](x)
+            st.weight_work[(s, i)] = captured
+        else:
+            y = self.stages[s](x)
         if s == self.last:
             y = self.loss_fn(y, io.targets[i]) * (x.shape[0] / io.total_rows)
             st.loss = y.detach() if st.loss is None else st.loss + y.detach()
         st.inputs[(s, i)], st.outputs[(s, i)] = x, y
 
+    def _output_grad(self, a: Action, st: StepState) -> torch.Tensor | None:
+        """The gradient arriving at stage a.stage's output: none on the last stage (its output is the loss)."""
+        s, i = a.stage, a.microbatch
+        if s == self.last:
+            return None
+        if self.schedule.stage_to_rank[s + 1] == self.rank:
+            return st.grads.pop((s + 1, i))
+        return st.arrived.pop(a)
+
     def _backward(self, a: Action, io: StepIO, st: StepState) -> None:
         s, i = a.stage, a.microbatch
         x, y = st.inputs.pop((s, i)), st.outputs.pop((s, i))
-        if s == self.last:
-            torch.autograd.backward(y)
-        elif self.schedule.stage_to_rank[s + 1] == self.rank:
-            torch.autograd.backward(y, st.grads.pop((s + 1, i)))
-        else:
-            torch.autograd.backward(y, st.arrived.pop(a))
+        torch.autograd.backward(y, self._output_grad(a, st))
         if s > 0:
             st.grads[(s, i)] = x.grad
+
+    def _backward_input(self, a: Action, io: StepIO, st: StepState) -> None:
+        """I: gradients of the stage's input and of each weighted module's output, no weight gradient.
+
+        The graph is kept: W later runs each module's own backward node alone, from the gradient
+        captured here, so no part of the backward is computed twice.
+        """
+        s, i = a.stage, a.microbatch
+        x, y = st.inputs.pop((s, i)), st.outputs.pop((s, i))
+        captured = st.weight_work[(s, i)]
+        wanted = ([x] if x.requires_grad else []) + [out for _, out in captured]
+        grads = torch.autograd.grad(y, wanted, self._output_grad(a, st), retain_graph=True, allow_unused=True)
+        if x.requires_grad:
+            st.grads[(s, i)], grads = grads[0], grads[1:]
+        st.weight_work[(s, i)] = [(module, out, g) for (module, out), g in zip(captured, grads) if g is not None]
+
+    def _backward_weight(self, a: Action, io: StepIO, st: StepState) -> None:
+        """W: each weighted module's parameter gradients, from its output gradient that I kept."""
+        for module, out, g in st.weight_work.pop((a.stage, a.microbatch)):
+            torch.autograd.backward(out, g, inputs=list(module.parameters(recurse=False)))
+
+
+@contextmanager
+def _capture_weighted_outputs(stage: nn.Module) -> Iterator[list[tuple[nn.Module, torch.Tensor]]]:
+    """While open, record (module, output) for every module of `stage` that owns parameters."""
+    captured: list[tuple[nn.Module, torch.Tensor]] = []
+    handles = [m.register_forward_hook(lambda mod, _, out: captured.append((mod, out)))
+               for m in stage.modules() if next(m.parameters(recurse=False), None) is not None]
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dtype: torch.dtype,

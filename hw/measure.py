@@ -195,7 +195,9 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
     per_stage = []
     for s, rank in enumerate(schedule.stage_to_rank):
         ops = results[rank]["per_op"]
-        per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": ops.get(f"{s}:B"),
+        split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
+        backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
+        per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
                           "peak_memory_bytes": results[rank]["peak_memory_bytes"]})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),

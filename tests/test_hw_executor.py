@@ -35,7 +35,7 @@ def _reference(model):
 
 @pytest.mark.parametrize("name,ranks,microbatches,virtual", [
     ("gpipe", 2, 3, None), ("1f1b", 2, 4, None), ("gpipe", 4, 2, None), ("1f1b", 4, 6, None),
-    ("interleaved-1f1b", 2, 2, 2),
+    ("interleaved-1f1b", 2, 2, 2), ("zb-h1", 2, 3, None), ("zb-h1", 4, 6, None),
 ])
 def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, microbatches, virtual):
     schedule = build(name, ranks, microbatches, virtual)
@@ -57,7 +57,33 @@ def test_a_rank_that_fails_mid_step_ends_every_process_with_a_clear_error():
     assert time.monotonic() - t0 < 30
 
 
-def test_split_backward_is_refused_with_a_clear_error():
-    schedule = build("zb-h1", 2, 2)
-    with pytest.raises(ParsimError, match="split backward"):
-        spawn(gradient_step_worker, 2, (schedule, MODEL, torch.float64), timeout_s=10, deadline_s=60)
+
+
+def test_split_backward_computes_each_gradient_once():
+    """I then W cost what one B costs: W runs each weighted module's own backward node, nothing more."""
+    import torch.nn as nn
+
+    from hw.executor import _capture_weighted_outputs
+
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).double()
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    with _capture_weighted_outputs(stage) as captured:
+        y = stage(x)
+    assert [m for m, _ in captured] == [stage[0], stage[2]]
+    calls = []
+    for m in (stage[0], stage[2]):
+        m.weight.register_hook(lambda g, m=m: calls.append(m) or g)
+    outs = [out for _, out in captured]
+    dx, *douts = torch.autograd.grad(y.sum(), [x, *outs], retain_graph=True)
+    assert calls == []  # I leaves the weights alone
+    for (m, out), g in zip(captured, douts):
+        torch.autograd.backward(out, g, inputs=list(m.parameters(recurse=False)))
+    assert sorted(map(id, calls)) == sorted(map(id, [stage[0], stage[2]]))  # each weight's grad once
+    ref = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).double()
+    ref.load_state_dict(stage.state_dict())
+    x2 = x.detach().clone().requires_grad_()
+    ref(x2).sum().backward()
+    assert torch.allclose(dx, x2.grad)
+    for a, b in zip(stage.parameters(), ref.parameters()):
+        assert torch.allclose(a.grad, b.grad)
