@@ -88,7 +88,8 @@ def test_under_torchrun_a_killed_rank_makes_its_peer_and_torchrun_fail():
     t0 = time.monotonic()
     r = _torchrun("measure", *TINY, env={"HW_KILL_AT": "1:3"})
     assert r.returncode != 0 and time.monotonic() - t0 < 90
-    assert "error: rank 0 failed:" in r.stderr and "did another rank die?" in r.stderr
+    # whichever comes first: the survivor's own one-line error, or torchrun stopping it and naming the kill
+    assert "did another rank die?" in r.stderr or "Signal 9 (SIGKILL)" in r.stderr
 
 
 def test_commands_that_start_their_own_processes_refuse_torchrun():
