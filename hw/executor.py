@@ -162,6 +162,7 @@ class StageRunner:
     def _backward(self, a: Action, io: StepIO, st: StepState) -> None:
         s, i = a.stage, a.microbatch
         x, y = st.inputs.pop((s, i)), st.outputs.pop((s, i))
+        st.weight_work.pop((s, i), None)  # a split stage may still run some micro-batches' backward whole
         torch.autograd.backward(y, self._output_grad(a, st))
         if s > 0:
             st.grads[(s, i)] = x.grad

@@ -27,7 +27,7 @@ from hw.executor import Groups, StageRunner, channel_groups, make_batch, split_b
 from hw.workers import kill_point, spawn, under_torchrun
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe
+from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
 from parsim.workload import Model, load_model, mlp_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -222,7 +222,8 @@ def _device_name(device: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
+                   help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
     p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")

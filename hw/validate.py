@@ -18,11 +18,11 @@ import torch
 
 from hw.measure import Config, Job, baseline_job, measure_jobs, report
 from parsim.compare import COLUMNS, compare
-from parsim.errors import ParsimError
+from parsim.errors import ParsimError, ScheduleError
 from parsim.files import write_atomic
 from parsim.predict import predict
 from parsim.profile import load_profile
-from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.schedules import SCHEDULES, build, schedule_name
 from parsim.workload import Model, mlp_model
 
 
@@ -72,11 +72,16 @@ def _profile(args: argparse.Namespace, out: Path):
     return load_profile(path), str(path)
 
 
-def _fits(schedule: str, gpus: int, microbatches: int, model: Model) -> bool:
-    """Whether a grid point can run: enough layers for the stages, equal micro-batches, the schedule's rules."""
-    virtual = 2 if schedule in VIRTUAL else 1
-    return (len(model.layers) >= gpus * virtual and model.tokens % microbatches == 0
-            and (schedule not in VIRTUAL or microbatches % gpus == 0))
+def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config) -> Job | None:
+    """A grid point, or None where it cannot run: the schedule refuses these sizes, more stages than
+    layers, or tokens that do not split into equal micro-batches."""
+    try:
+        schedule = build(name, gpus, microbatches)
+    except ScheduleError:
+        return None
+    if schedule.num_stages > len(model.layers) or model.tokens % microbatches:
+        return None
+    return Job(schedule, model, config)
 
 
 def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
@@ -104,9 +109,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def main(args: argparse.Namespace) -> int:
     gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
-    unknown = [s for s in schedules if s not in SCHEDULES]
-    if unknown or not schedules:
-        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sorted(SCHEDULES))}")
+    if not schedules:
+        raise ParsimError(f"--schedules names none; choose from {', '.join(sorted(SCHEDULES))} or torch:CLASS")
+    try:
+        schedules = [schedule_name(s) for s in schedules]
+    except argparse.ArgumentTypeError as e:
+        raise ParsimError(str(e)) from None
     specs = _models(args.models)
     if not args.cpu:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -118,11 +126,12 @@ def main(args: argparse.Namespace) -> int:
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     models = [mlp_model(*spec) for spec in specs]
-    grid = [(model, [Job(build(s, p, m), model, config) for p in gpus for s in schedules for m in mbs
-                     if _fits(s, p, m, model)]) for model in models]
+    grid = [(model, [job for p in gpus for s in schedules for m in mbs
+                     if (job := _job(s, p, m, model, config))]) for model in models]
     if not any(jobs for _, jobs in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
-                          "micro-batch count (and for interleaved schedules, micro-batches divisible by GPUs)")
+                          "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
+                          "divisible by GPUs)")
     csv_path, rows = out / "results.csv", []
     for model, jobs in grid:  # one process group per model; the CSV grows after each
         if not jobs:

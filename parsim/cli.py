@@ -13,7 +13,7 @@ from parsim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
-from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.schedules import SCHEDULES, VIRTUAL, build, schedule_name
 from parsim.workload import Model, load_model, mlp_model
 
 
@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
 
     p = sub.add_parser("predict", help="predict one training step")
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
+                   help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
     p.add_argument("--gpus", type=_positive_int, default=4, help="GPUs in all (default 4)")
     p.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D",
                    help="pipeline replicas whose gradients are all-reduced; --gpus / D stages each (default 1)")

@@ -114,11 +114,11 @@ def summary(points: list[Point]) -> dict[str, float]:
 
 
 def error_table(points: list[Point]) -> str:
-    lines = [f"{'model':<28} {'schedule':<16} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
+    lines = [f"{'model':<28} {'schedule':<20} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
              f"{'error':>7} {'speedup m/p':>13}"]
     for p in points:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
-        lines.append(f"{p.model:<28} {p.schedule:<16} {p.gpus:>4} {p.microbatches:>4} "
+        lines.append(f"{p.model:<28} {p.schedule:<20} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
                      f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}{note}")
     s = summary(points)

@@ -1,11 +1,12 @@
 """Pipeline schedules as data: per-rank ordered lists of actions.
 
-The same lists are simulated by `parsim.simulate` and executed by `hw.pipeline`, so the
+The same lists are simulated by `parsim.simulate` and executed by `hw.executor`, so the
 predicted and the measured step run one program.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -224,8 +225,26 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 VIRTUAL = {"interleaved-1f1b"}  # schedules that take virtual_stages
 
 
+def schedule_name(text: str) -> str:
+    """argparse type for --schedule: a registered name, `torch:CLASS` or a torch schedule CSV file."""
+    if text.lower() in SCHEDULES or text.startswith("torch:") or text.lower().endswith(".csv"):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown schedule {text!r}; choose one of {', '.join(sorted(SCHEDULES))}, "
+                                     "torch:CLASS (a torch.distributed.pipelining schedule) or a schedule .csv")
+
+
 def build(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int | None = None) -> Schedule:
-    """The schedule registered as `name` (generators are checked by the tests; simulate validates)."""
+    """The schedule registered as `name`, or imported: `torch:CLASS` or a torch schedule CSV file.
+
+    Generators are checked by the tests; simulate validates whatever it is given.
+    """
+    from parsim import torch_schedules
+
+    if name.startswith(torch_schedules.PREFIX):
+        return torch_schedules.from_torch(name.removeprefix(torch_schedules.PREFIX), num_ranks, num_microbatches,
+                                          virtual_stages)
+    if name.lower().endswith(".csv"):
+        return torch_schedules.load_csv(name)
     key = name.lower()
     if key not in SCHEDULES:
         known = ", ".join(sorted(SCHEDULES))

@@ -50,7 +50,7 @@ def test_sweep_prints_a_row_per_schedule_and_count(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["predict", "--schedule", "nope"], "invalid choice: 'nope'"),
+    (["predict", "--schedule", "nope"], "unknown schedule 'nope'"),
     (["predict", "--microbatches", "0"], "must be at least 1"),
     (["predict", "--gpus", "-2"], "must be at least 1"),
     (["predict", "--gpus", "32"], "cannot split 16 layers into 32 stages"),
