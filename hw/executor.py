@@ -32,10 +32,56 @@ class Groups:
         return self._made[ranks]
 
 
-def channel_groups(schedule: Schedule, groups: Groups | None = None) -> dict[tuple[int, int], dist.ProcessGroup]:
-    """One two-rank group per directed channel; every rank creates them all, in the same order."""
+def channel_groups(schedule: Schedule, groups: Groups | None = None, offset: int = 0,
+                   ) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """One two-rank group per directed channel of the pipeline on ranks offset..; keyed by pipeline ranks.
+
+    Every process must make every group, its own or not, in the same order.
+    """
     groups = groups or Groups()
-    return {pair: groups(pair) for pair in sorted(transfers(schedule))}
+    return {(a, b): groups((offset + a, offset + b)) for a, b in sorted(transfers(schedule))}
+
+
+class GradSync:
+    """Data parallelism as DDP does it: a stage's gradients in buckets of ~25 MiB (last parameters
+    first), each all-reduced over the stage's replicas as soon as its last gradient is final, while
+    the rest of the backward runs; finish() waits for them and averages."""
+
+    def __init__(self, module: nn.Module, group: dist.ProcessGroup, replicas: int, bucket_bytes: int = 25 * 2**20):
+        self.group, self.replicas = group, replicas
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(list(module.parameters())):
+            if self.buckets[-1] and size + p.numel() * p.element_size() > bucket_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+            p.register_post_accumulate_grad_hook(lambda p, b=len(self.buckets) - 1: self._ready(b))
+        self.pending: list[int] | None = None
+        self.works: list[tuple[int, torch.Tensor, dist.Work]] = []
+
+    def arm(self) -> None:
+        """The next gradient each parameter accumulates is its last of the step."""
+        self.pending = [len(b) for b in self.buckets]
+
+    def _ready(self, bucket: int) -> None:
+        if self.pending is None:
+            return
+        self.pending[bucket] -= 1
+        if self.pending[bucket] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[bucket]])
+            self.works.append((bucket, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+
+    def finish(self) -> None:
+        for bucket, flat, work in self.works:
+            work.wait()
+            flat /= self.replicas
+            at = 0
+            for p in self.buckets[bucket]:
+                p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                at += p.numel()
+        self.pending, self.works = None, []
 
 
 @dataclass
@@ -74,8 +120,12 @@ class StageRunner:
     """Executes one rank's actions for the stages it hosts."""
 
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
-                 groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn=nn.functional.mse_loss):
+                 groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn=nn.functional.mse_loss,
+                 offset: int = 0, grad_sync: dict[int, GradSync] | None = None):
+        """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism)."""
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
+        self.offset, self.grad_sync = offset, grad_sync or {}
+        self.last_grad_action = {a.stage: a for a in schedule.actions[rank] if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
         self.split_stages = {a.stage for a in schedule.actions[rank] if a.op == Op.BACKWARD_INPUT}
@@ -90,11 +140,15 @@ class StageRunner:
             self._await_message(action, state)  # outside the observed span: it times compute only
             if observe:
                 observe(action, "start")
+            if self.grad_sync and self.last_grad_action.get(action.stage) == action:
+                self.grad_sync[action.stage].arm()
             self.run(action, io, state)
             if observe:
                 observe(action, "end")
         for work in state.sends:
             work.wait()
+        for sync in self.grad_sync.values():
+            sync.finish()
         return state.loss
 
     def run(self, a: Action, io: StepIO, st: StepState) -> None:
@@ -111,7 +165,7 @@ class StageRunner:
     def _recv(self, a: Action, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
         buf = io.message_like(a.microbatch)
-        st.received[a] = (buf, dist.irecv(buf, src=peer, group=group))
+        st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
 
     def _await_message(self, a: Action, st: StepState) -> None:
         """Before a compute action, wait for the message it consumes (if it comes from another rank)."""
@@ -129,7 +183,7 @@ class StageRunner:
         peer, group = self._peer_group(a)
         key = (a.stage, a.microbatch)
         tensor = st.outputs[key].detach() if a.op == Op.SEND_F else st.grads.pop(key)
-        st.sends.append(dist.isend(tensor.contiguous(), dst=peer, group=group))
+        st.sends.append(dist.isend(tensor.contiguous(), dst=self.offset + peer, group=group))
 
     def _forward(self, a: Action, io: StepIO, st: StepState) -> None:
         s, i = a.stage, a.microbatch
@@ -217,14 +271,47 @@ def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -
     return (torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype))
 
 
+Made = tuple[list[dict[tuple[int, int], dist.ProcessGroup]], dict[int, dist.ProcessGroup]]
+
+
+def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -> Made:
+    """Every replica's channel groups, and per pipeline rank the group of its replicas (replica r on
+    ranks r*P ..). Every process makes them all, in one order, whether it takes part or not."""
+    p = schedule.num_ranks
+    channels = [channel_groups(schedule, groups, r * p) for r in range(data_parallel)]
+    replicas = {q: groups(tuple(q + r * p for r in range(data_parallel))) for q in range(p)} if data_parallel > 1 else {}
+    return channels, replicas
+
+
+def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype,
+                   made: Made, data_parallel: int = 1) -> tuple[StageRunner, dict[int, nn.Module], int]:
+    """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets."""
+    channels, replicas = made
+    replica, q = divmod(rank, schedule.num_ranks)
+    stages = stage_modules(model, schedule, q, device, dtype)
+    sync = {s: GradSync(m, replicas[q], data_parallel) for s, m in stages.items()} if replicas else None
+    runner = StageRunner(schedule, q, stages, channels[replica], offset=replica * schedule.num_ranks, grad_sync=sync)
+    return runner, stages, replica
+
+
+def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, device: torch.device,
+                  dtype: torch.dtype) -> StepIO:
+    """The replica's equal share of the batch, split into the schedule's micro-batches."""
+    x, y = make_batch(model, device, dtype)
+    if model.tokens % (data_parallel * schedule.num_microbatches):
+        raise ParsimError(f"{model.tokens} tokens do not split into {data_parallel} replicas x "
+                          f"{schedule.num_microbatches} equal micro-batches")
+    return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches)
+
+
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
-                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None) -> dict:
-    """One pipelined step: this rank's loss (last stage) and its parameters' gradients by global name."""
+                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
+    """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
+    gradients (averaged over replicas) by global name."""
     from parsim.workload import partition
 
-    stages = stage_modules(model, schedule, rank, device, dtype)
-    runner = StageRunner(schedule, rank, stages, channel_groups(schedule))
-    x, y = make_batch(model, device, dtype)
+    made = replica_groups(schedule, Groups(), data_parallel)
+    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
     observe = None
     if fail_at and fail_at[0] == rank:
         done = iter(range(10**9))
@@ -233,9 +320,9 @@ def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: 
             if phase == "end" and next(done) == fail_at[1]:
                 raise RuntimeError(f"injected failure after {action}")
 
-    loss = runner.step(split_batch(x, y, schedule.num_microbatches), observe)
+    loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = partition(len(model.layers), schedule.num_stages)
     grads = {f"{layer_ids[s][k]}.{name}": p.grad.cpu()
              for s, module in stages.items() for k, layer in enumerate(module)
              for name, p in layer.named_parameters()}
-    return {"loss": None if loss is None else loss.cpu(), "grads": grads}
+    return {"loss": None if loss is None else loss.cpu(), "grads": grads, "replica": replica}

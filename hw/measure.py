@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hw.executor import Groups, StageRunner, channel_groups, make_batch, split_batch, stage_modules
+from hw.executor import Groups, replica_batch, replica_groups, replica_runner
 from hw.workers import kill_point, spawn, under_torchrun
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
@@ -80,6 +80,11 @@ class Job:
     schedule: Schedule
     model: Model
     config: Config
+    data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.num_ranks * self.data_parallel
 
 
 def jobs_worker(rank: int, world: int, device: torch.device, jobs: list[Job]) -> list[dict | None]:
@@ -87,26 +92,23 @@ def jobs_worker(rank: int, world: int, device: torch.device, jobs: list[Job]) ->
     groups = Groups()
     out = []
     for job in tqdm(jobs, desc="measuring", file=sys.stderr, disable=rank != 0 or len(jobs) < 3):
-        ranks = job.schedule.num_ranks
-        channels = channel_groups(job.schedule, groups)
-        team = groups(tuple(range(ranks))) if ranks > 1 else None
-        out.append(_time_job(rank, device, job, channels, team) if rank < ranks else None)
+        made = replica_groups(job.schedule, groups, job.data_parallel)
+        team = groups(tuple(range(job.ranks))) if job.ranks > 1 else None
+        out.append(_time_job(rank, device, job, made, team) if rank < job.ranks else None)
         if world > 1:
             dist.barrier()
     return out
 
 
-def _time_job(rank: int, device: torch.device, job: Job, channels: dict, team) -> dict:
+def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
     """Warm up, then time steps between barriers; one more step, with per-action timers, for per-stage times.
 
     The timers stay out of the timed steps: on a host-bound pipeline their event records would show.
     """
     schedule, model, config = job.schedule, job.model, job.config
     dtype = DTYPES[config.dtype]
-    stages = stage_modules(model, schedule, rank, device, dtype)
-    runner = StageRunner(schedule, rank, stages, channels)
-    x, y = make_batch(model, device, dtype)
-    io = split_batch(x, y, schedule.num_microbatches)
+    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, job.data_parallel)
+    io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
     params = [p for module in stages.values() for p in module.parameters()]
 
     def one_step(observe=None) -> None:
@@ -202,7 +204,8 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
-        "config": {"schedule": schedule.name, "gpus": schedule.num_ranks, "microbatches": schedule.num_microbatches,
+        "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
+                   "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
                    "hidden": model.layers[0].hidden, "tokens": model.tokens, "dtype": config.dtype,
                    "device": _device_name(device), "torch": torch.__version__, "steps": config.steps,
@@ -210,10 +213,11 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
     }
 
 
-def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float) -> dict:
-    """Measure `schedule` and the one-device baseline; the report as plain data."""
-    job = Job(schedule, model, config)
-    measured, baseline = measure_jobs([job, baseline_job(model, config)], schedule.num_ranks, device, timeout_s)
+def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
+        data_parallel: int = 1) -> dict:
+    """Measure `schedule` (on `data_parallel` replicas) and the one-device baseline; the report as plain data."""
+    job = Job(schedule, model, config, data_parallel)
+    measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, baseline[0], device)
 
 
@@ -227,6 +231,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")
+    p.add_argument("--data-parallel", type=int, default=1, metavar="D",
+                   help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--tokens", type=int, default=8192)
@@ -242,7 +248,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("gpus", "microbatches", "layers", "hidden", "tokens", "steps"):
+    for flag in ("gpus", "microbatches", "layers", "hidden", "tokens", "steps", "data_parallel"):
         if getattr(args, flag) < 1:
             raise ParsimError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.warmup < 0 or not args.timeout > 0:
@@ -257,21 +263,25 @@ def _check(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     _check(args)
     model = load_model(args.model) if args.model else mlp_model(args.layers, args.hidden, args.tokens)
-    schedule = build(args.schedule, args.gpus, args.microbatches, args.virtual_stages)
+    if args.gpus % args.data_parallel:
+        raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
+    schedule = build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
     if schedule.num_stages > len(model.layers):
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
-    if model.tokens % schedule.num_microbatches:
-        raise ParsimError(f"{model.tokens} tokens do not split into {schedule.num_microbatches} equal micro-batches")
+    if model.tokens % (schedule.num_microbatches * args.data_parallel):
+        raise ParsimError(f"{model.tokens} tokens do not split into {args.data_parallel} replica(s) x "
+                          f"{schedule.num_microbatches} equal micro-batches")
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
-                 "cpu" if args.cpu else "cuda", args.timeout)
+                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel)
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return 0
 
 
 def _text(r: dict) -> str:
     c = r["config"]
-    lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}, {c['microbatches']} micro-batches, "
+    replicas = f" ({c['data_parallel']} data-parallel replicas)" if c["data_parallel"] > 1 else ""
+    lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}{replicas}, {c['microbatches']} micro-batches, "
              f"{c['model']}, {c['dtype']}",
              f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "
              f"max {r['step_time_max_s'] * 1e3:.3f}, {c['steps']} steps)",

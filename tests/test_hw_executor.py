@@ -50,6 +50,20 @@ def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, mi
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
 
 
+@pytest.mark.parametrize("name,ranks,replicas", [("1f1b", 1, 2), ("1f1b", 2, 2), ("zb-h1", 2, 2)])
+def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ranks, replicas):
+    schedule = build(name, ranks, 2)
+    results = spawn(gradient_step_worker, ranks * replicas, (schedule, MODEL, torch.float64, None, replicas),
+                    timeout_s=30, deadline_s=120)
+    loss, grads = _reference(MODEL)
+    last = [r for r in results if r["loss"] is not None]  # each replica's last stage: the loss of its share
+    assert len(last) == replicas
+    assert torch.allclose(sum(r["loss"] for r in last) / replicas, loss, rtol=1e-12, atol=0)
+    for r in results:  # every rank holds its stages' full-batch gradient after the all-reduce
+        for key, g in r["grads"].items():
+            assert torch.allclose(g, grads[key], rtol=1e-10, atol=1e-14), key
+
+
 def test_a_rank_that_fails_mid_step_ends_every_process_with_a_clear_error():
     schedule = build("1f1b", 4, 4)
     t0 = time.monotonic()

@@ -45,7 +45,8 @@ def test_measure_without_enough_gpus_says_so_before_starting_anything():
 @pytest.mark.parametrize("argv,message", [
     (["--cpu", "--microbatches", "0"], "--microbatches must be at least 1"),
     (["--cpu", "--gpus", "4", "--layers", "2"], "cannot split 2 layers into 4 stages"),
-    (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "do not split into 4"),
+    (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "do not split into 1 replica(s) x 4"),
+    (["--cpu", "--gpus", "3", "--data-parallel", "2"], "--gpus 3 does not split into 2 equal pipeline replicas"),
 ])
 def test_bad_measure_input_is_one_line_and_exit_2(argv, message):
     r = _measure(*argv)
@@ -95,3 +96,11 @@ def test_under_torchrun_a_killed_rank_makes_its_peer_and_torchrun_fail():
 def test_commands_that_start_their_own_processes_refuse_torchrun():
     r = _torchrun("validate", "--cpu")
     assert r.returncode != 0 and "starts its own processes; run it without torchrun" in r.stderr
+
+
+def test_measure_runs_pipeline_replicas_with_data_parallelism():
+    r = _measure(*TINY, "--gpus", "4", "--data-parallel", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["config"]["gpus"] == 4 and out["config"]["data_parallel"] == 2
+    assert [s["rank"] for s in out["per_stage"]] == [0, 1]  # replica 0's pipeline reports its stages
