@@ -121,9 +121,12 @@ class StageRunner:
 
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
                  groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn=nn.functional.mse_loss,
-                 offset: int = 0, grad_sync: dict[int, GradSync] | None = None):
-        """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism)."""
+                 offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False):
+        """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism);
+        copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU)."""
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
+        on_gpu = any(p.is_cuda for m in stages.values() for p in m.parameters())
+        self.copy_stream = torch.cuda.Stream() if copy_streams and on_gpu else None
         self.offset, self.grad_sync = offset, grad_sync or {}
         self.last_grad_action = {a.stage: a for a in schedule.actions[rank] if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
@@ -162,10 +165,25 @@ class StageRunner:
         sending = a.op in (Op.SEND_F, Op.SEND_B)
         return peer, self.groups[(self.rank, peer) if sending else (peer, self.rank)]
 
+    @contextmanager
+    def _message_stream(self, after: torch.Tensor | None = None) -> Iterator[None]:
+        """Where a send or receive is posted. NCCL's stream first waits for the stream current at
+        posting: by default the compute stream, so for every kernel launched before. With copy
+        streams (torchgpipe's design) it is a dedicated one that waits only for the message's data."""
+        if self.copy_stream is None:
+            yield
+            return
+        ready = torch.cuda.current_stream().record_event() if after is not None else None
+        with torch.cuda.stream(self.copy_stream):
+            if ready is not None:
+                self.copy_stream.wait_event(ready)
+            yield
+
     def _recv(self, a: Action, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
         buf = io.message_like(a.microbatch)
-        st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
+        with self._message_stream():
+            st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
 
     def _await_message(self, a: Action, st: StepState) -> None:
         """Before a compute action, wait for the message it consumes (if it comes from another rank)."""
@@ -182,8 +200,9 @@ class StageRunner:
     def _send(self, a: Action, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
         key = (a.stage, a.microbatch)
-        tensor = st.outputs[key].detach() if a.op == Op.SEND_F else st.grads.pop(key)
-        st.sends.append(dist.isend(tensor.contiguous(), dst=self.offset + peer, group=group))
+        tensor = (st.outputs[key].detach() if a.op == Op.SEND_F else st.grads.pop(key)).contiguous()
+        with self._message_stream(after=tensor):
+            st.sends.append(dist.isend(tensor, dst=self.offset + peer, group=group))
 
     def _forward(self, a: Action, io: StepIO, st: StepState) -> None:
         s, i = a.stage, a.microbatch
@@ -284,13 +303,15 @@ def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -
 
 
 def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype,
-                   made: Made, data_parallel: int = 1) -> tuple[StageRunner, dict[int, nn.Module], int]:
+                   made: Made, data_parallel: int = 1, copy_streams: bool = False,
+                   ) -> tuple[StageRunner, dict[int, nn.Module], int]:
     """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets."""
     channels, replicas = made
     replica, q = divmod(rank, schedule.num_ranks)
     stages = stage_modules(model, schedule, q, device, dtype)
     sync = {s: GradSync(m, replicas[q], data_parallel) for s, m in stages.items()} if replicas else None
-    runner = StageRunner(schedule, q, stages, channels[replica], offset=replica * schedule.num_ranks, grad_sync=sync)
+    runner = StageRunner(schedule, q, stages, channels[replica], offset=replica * schedule.num_ranks, grad_sync=sync,
+                         copy_streams=copy_streams)
     return runner, stages, replica
 
 

@@ -81,6 +81,7 @@ class Job:
     model: Model
     config: Config
     data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
+    copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
 
     @property
     def ranks(self) -> int:
@@ -107,7 +108,8 @@ def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
     """
     schedule, model, config = job.schedule, job.model, job.config
     dtype = DTYPES[config.dtype]
-    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, job.data_parallel)
+    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, job.data_parallel,
+                                             job.copy_streams)
     io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
     params = [p for module in stages.values() for p in module.parameters()]
 
@@ -205,6 +207,7 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
+                   "copy_streams": job.copy_streams,
                    "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
                    "hidden": model.layers[0].hidden, "tokens": model.tokens, "dtype": config.dtype,
@@ -214,9 +217,9 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
 
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
-        data_parallel: int = 1) -> dict:
+        data_parallel: int = 1, copy_streams: bool = False) -> dict:
     """Measure `schedule` (on `data_parallel` replicas) and the one-device baseline; the report as plain data."""
-    job = Job(schedule, model, config, data_parallel)
+    job = Job(schedule, model, config, data_parallel, copy_streams)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, baseline[0], device)
 
@@ -231,6 +234,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")
+    p.add_argument("--copy-streams", action="store_true",
+                   help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
     p.add_argument("--layers", type=int, default=16)
@@ -273,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
                           f"{schedule.num_microbatches} equal micro-batches")
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
-                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel)
+                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams)
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return 0
 

@@ -87,7 +87,7 @@ def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config) 
 def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
     """One CSV row: the point, its measured median and spread, and parsim's prediction."""
     s, model = job.schedule, job.model
-    predicted, _ = predict(s, model, profile)
+    predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel)
     c = measured["config"]
     return {"schedule": s.name, "gpus": s.num_ranks, "microbatches": s.num_microbatches, "layers": len(model.layers),
             "hidden": model.layers[0].hidden, "tokens": model.tokens, "measured_s": measured["step_time_s"],
