@@ -48,7 +48,10 @@ def _models(text: str) -> list[tuple[int, int, int]]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", default="2,4", help="pipeline sizes, comma-separated (default 2,4)")
+    p.add_argument("--gpus", default="2,4", help="GPU counts, comma-separated (default 2,4)")
+    p.add_argument("--data-parallel", default="1", metavar="D,...",
+                   help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
+    p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
     p.add_argument("--schedules", default="gpipe,1f1b")
     p.add_argument("--microbatches", default="1,2,4,8,16,32")
     p.add_argument("--models", default="16x2048x8192,8x256x1024",
@@ -72,16 +75,19 @@ def _profile(args: argparse.Namespace, out: Path):
     return load_profile(path), str(path)
 
 
-def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config) -> Job | None:
-    """A grid point, or None where it cannot run: the schedule refuses these sizes, more stages than
-    layers, or tokens that do not split into equal micro-batches."""
+def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, replicas: int = 1,
+         copy_streams: bool = False) -> Job | None:
+    """A grid point, or None where it cannot run: GPUs that do not split into the replicas, a schedule
+    that refuses these sizes, more stages than layers, or tokens that do not split evenly."""
+    if gpus % replicas or model.tokens % (microbatches * replicas):
+        return None
     try:
-        schedule = build(name, gpus, microbatches)
+        schedule = build(name, gpus // replicas, microbatches)
     except ScheduleError:
         return None
-    if schedule.num_stages > len(model.layers) or model.tokens % microbatches:
+    if schedule.num_stages > len(model.layers):
         return None
-    return Job(schedule, model, config)
+    return Job(schedule, model, config, replicas, copy_streams)
 
 
 def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
@@ -89,18 +95,19 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
     s, model = job.schedule, job.model
     predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel)
     c = measured["config"]
-    return {"schedule": s.name, "gpus": s.num_ranks, "microbatches": s.num_microbatches, "layers": len(model.layers),
+    return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "layers": len(model.layers),
             "hidden": model.layers[0].hidden, "tokens": model.tokens, "measured_s": measured["step_time_s"],
             "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
             "measured_single_gpu_s": measured["single_device_step_s"],
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
-            "excluded": "", "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"],
-            "profile": profile_path}
+            "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
+            "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "dtype", "device", "torch", "date", "profile"])
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "data_parallel", "copy_streams", "dtype",
+                                                             "device", "torch", "date", "profile"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -108,6 +115,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
+    replicas = _ints(args.data_parallel, "--data-parallel")
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     if not schedules:
         raise ParsimError(f"--schedules names none; choose from {', '.join(sorted(SCHEDULES))} or torch:CLASS")
@@ -126,8 +134,9 @@ def main(args: argparse.Namespace) -> int:
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     models = [mlp_model(*spec) for spec in specs]
-    grid = [(model, [job for p in gpus for s in schedules for m in mbs
-                     if (job := _job(s, p, m, model, config))]) for model in models]
+    variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
+    grid = [(model, [job for p in gpus for d, c in variants for s in schedules for m in mbs
+                     if (job := _job(s, p, m, model, config, d, c))]) for model in models]
     if not any(jobs for _, jobs in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
                           "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
@@ -136,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     for model, jobs in grid:  # one process group per model; the CSV grows after each
         if not jobs:
             continue
-        world = max(job.schedule.num_ranks for job in jobs)
+        world = max(job.ranks for job in jobs)
         *measured, (baseline, *_) = measure_jobs(jobs + [baseline_job(model, config)], world, device, args.timeout)
         rows += [_row(job, report(job, result, baseline, device), profile, profile_path)
                  for job, result in zip(jobs, measured)]

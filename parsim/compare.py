@@ -37,6 +37,14 @@ class Point:
     predicted_s: float
     predicted_single_gpu_s: float
     excluded: str = ""
+    data_parallel: int = 1  # replicas of a gpus/data_parallel-rank pipeline
+    copy_streams: bool = False
+
+    @property
+    def label(self) -> str:
+        """The schedule as the table and plots name it, with its variant."""
+        return (self.schedule + (f" dp{self.data_parallel}" if self.data_parallel > 1 else "")
+                + (" copy-streams" if self.copy_streams else ""))
 
     @property
     def model(self) -> str:
@@ -79,7 +87,12 @@ def read_points(path: str | Path) -> list[Point]:
             sizes = [int(row[c]) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")]
             if min(sizes) < 1:
                 raise ValueError("gpus, microbatches, layers, hidden and tokens must be >= 1")
-            points.append(Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(), **times))
+            dp = int(row.get("data_parallel") or 1)
+            if dp < 1 or sizes[0] % dp:
+                raise ValueError(f"data_parallel {dp} does not divide gpus {sizes[0]}")
+            copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
+            points.append(Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
+                                data_parallel=dp, copy_streams=copy, **times))
         except (TypeError, ValueError) as e:
             raise ParsimError(f"results {path}, line {n}: {e}") from None
     if not points:
@@ -95,8 +108,8 @@ def repredict(points: list[Point], profile) -> list[Point]:
 
     out = []
     for p in points:
-        predicted, _ = predict(build(p.schedule, p.gpus, p.microbatches), mlp_model(p.layers, p.hidden, p.tokens),
-                               profile)
+        predicted, _ = predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
+                               mlp_model(p.layers, p.hidden, p.tokens), profile, p.copy_streams, p.data_parallel)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s))
     return out
 
@@ -114,11 +127,11 @@ def summary(points: list[Point]) -> dict[str, float]:
 
 
 def error_table(points: list[Point]) -> str:
-    lines = [f"{'model':<28} {'schedule':<20} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
+    lines = [f"{'model':<28} {'schedule':<24} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
              f"{'error':>7} {'speedup m/p':>13}"]
     for p in points:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
-        lines.append(f"{p.model:<28} {p.schedule:<20} {p.gpus:>4} {p.microbatches:>4} "
+        lines.append(f"{p.model:<28} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
                      f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}{note}")
     s = summary(points)
@@ -151,7 +164,7 @@ def plot_step_times(points: list[Point], path: Path) -> None:
     ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.85", label="+-10%")
     groups = defaultdict(list)
     for p in points:
-        groups[p.schedule, p.model].append(p)
+        groups[p.label, p.model].append(p)
     for (schedule, model), pts in sorted(groups.items()):
         ax.errorbar([p.measured_s * 1e3 for p in pts], [p.predicted_s * 1e3 for p in pts],
                     xerr=[[(p.measured_s - p.measured_min_s) * 1e3 for p in pts],
@@ -176,7 +189,7 @@ def plot_speedups(points: list[Point], path: Path) -> None:
         groups = defaultdict(list)
         for p in points:
             if p.model == model:
-                groups[p.schedule, p.gpus].append(p)
+                groups[p.label, p.gpus].append(p)
         for (schedule, gpus), pts in sorted(groups.items()):
             pts.sort(key=lambda p: p.microbatches)
             xs = [p.microbatches for p in pts]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,24 @@ def test_bad_time_names_the_line(tmp_path, bad):
     rows[2]["measured_s"] = bad
     with pytest.raises(ParsimError, match="line 4"):
         read_points(_write(tmp_path / "r.csv", rows))
+
+
+def test_data_parallel_must_divide_the_gpus(tmp_path):
+    rows = list(csv.DictReader(FIXTURE.open()))
+    for r in rows:
+        r["data_parallel"] = "3"
+    with pytest.raises(ParsimError, match="data_parallel 3 does not divide gpus"):
+        read_points(_write(tmp_path / "r.csv", rows))
+
+
+def test_repredict_of_a_replicated_point_predicts_the_replicated_step():
+    from parsim.predict import predict
+    from parsim.profile import load_profile
+    from parsim.schedules import build
+    from parsim.workload import mlp_model
+
+    point = replace(read_points(FIXTURE)[0], gpus=4, data_parallel=2, copy_streams=True)
+    profile = load_profile(None)
+    expected, _ = predict(build(point.schedule, 2, point.microbatches),
+                          mlp_model(point.layers, point.hidden, point.tokens), profile, True, 2)
+    assert repredict([point], profile)[0].predicted_s == pytest.approx(expected.step_time_s)
