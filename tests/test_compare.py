@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
