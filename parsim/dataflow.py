@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from parsim.schedules import COMPUTE_OPS, Action, Op, Schedule, act
 
 _PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """A matched send and receive: one message over the link from `src` to `dst`."""
 
     send: Action
@@ -90,11 +89,27 @@ def issue_waits(schedule: Schedule, copy_streams: bool) -> dict[Action, list[Act
 
 
 def transfers(schedule: Schedule) -> dict[tuple[int, int], list[Transfer]]:
-    """The messages on each directed channel (src, dst), in the sender's program order."""
+    """The messages on each directed channel (src, dst), in the sender's program order.
+
+    Kept on the (immutable) schedule: the validator and the simulator both ask for them.
+    """
+    known = schedule.__dict__.get("_transfers")
+    if known is None:
+        known = _transfers(schedule)
+        object.__setattr__(schedule, "_transfers", known)
+    return known
+
+
+def _transfers(schedule: Schedule) -> dict[tuple[int, int], list[Transfer]]:
     channels: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+    new = tuple.__new__  # Transfer(...) without the Python-level constructor: there may be 100k of them
+    stage_to_rank = schedule.stage_to_rank
     for rank, acts in enumerate(schedule.actions):
         for action in acts:
-            if action.op in _PAIRED_RECV:
-                dst = schedule.peer(action)
-                channels[rank, dst].append(Transfer(action, recv_for(action), rank, dst))
+            paired = _PAIRED_RECV.get(action.op)
+            if paired:
+                op, step = paired
+                recv = act(op, action.stage + step, action.microbatch)
+                dst = stage_to_rank[recv.stage]
+                channels[rank, dst].append(new(Transfer, (action, recv, rank, dst)))
     return dict(channels)

@@ -127,17 +127,14 @@ class HostThread:
                     spans.append((step.op, t, t + step.host_s))
                     t += step.host_s
                 continue
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            for op in step.ops:
+            for op in step.ops:  # a sync returns once every op has ended (settled ops may end ahead of the clock)
                 if op._done is not True:
                     self.blocked_on = op
                     yield op.wait_done()
+                if op.end_s > t:
+                    t = op.end_s
             self.blocked_on = None
-            t = env.now
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        self.finished_at = env.now
+        self.finished_at = t
 
 
 class Stream:
@@ -153,28 +150,36 @@ class Stream:
         return next((op for op in self.ops if op._done is not True), None)
 
     def run(self, env: simpy.Environment) -> Iterator[simpy.Event]:
+        # An op whose inputs are all known can be settled at once, ahead of the clock: its start and
+        # end follow from them (max-plus). Only ops on a shared resource wait for the clock, so that
+        # they take the resource in time order. Waiters read end_s, not the clock.
         timeout = env.timeout
+        free_at = 0.0  # when this stream's previous op ends
         for op in self.ops:
             if op._issued is not True:
                 yield op.wait_issued()
+            ready = op.available_at if op.available_at > free_at else free_at
             for dep in op.deps:
                 if dep._done is not True:
                     yield dep.wait_done()
+                if dep.end_s > ready:
+                    ready = dep.end_s
             if op.resources:
+                if ready > env.now:
+                    yield timeout(ready - env.now)
                 requests = [r.request() for r in op.resources]
                 for req in requests:
                     yield req
-            now = env.now
-            start = op.available_at if op.available_at > now else now
-            end = start + op.gpu_s
+                ready = env.now
+            end = ready + op.gpu_s
             if op.last_issue_at + op.tail_s > end:
                 end = op.last_issue_at + op.tail_s
-            if end > now:
-                yield timeout(end - now)
             if op.resources:
+                yield timeout(end - env.now)
                 for r, req in zip(op.resources, requests):
                     r.release(req)
-            op.finish(start, end)
+            op.finish(ready, end)
+            free_at = end
 
 
 @contextmanager

@@ -123,21 +123,29 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     for rank, acts in enumerate(schedule.actions):
         steps = machine.host(f"host{gpu_offset + rank}").steps
+        append = steps.append
         for a in acts:
             if a.op not in COMPUTE_OPS:
-                steps.append(new_tuple(Launch, (ops[a], p2p_s, p2p_s)))
+                append(new_tuple(Launch, (ops[a], p2p_s, p2p_s)))
                 continue
             _, _, host_s, first_s = launches[a.op, a.stage]
-            parts = parts_of.get(a, [ops[a]])
+            parts = parts_of.get(a)
+            if parts is None:
+                append(new_tuple(Launch, (ops[a], host_s, first_s)))
+                continue
             n = len(parts)
             steps += [new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))) for part in parts]
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
 def finish_step(machine: Machine) -> None:
-    """Each host synchronises once at the end of the step, on everything it launched."""
+    """Each host synchronises once at the end of the step, on everything it launched.
+
+    A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
+    """
     for host in machine.hosts:
-        host.steps.append(Sync(tuple(step.op for step in host.steps if isinstance(step, Launch))))
+        last = {step.op.track: step.op for step in host.steps if isinstance(step, Launch)}
+        host.steps.append(Sync(tuple(last.values())))
 
 
 def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[tuple[str, int], tuple[float, ...]]:

@@ -71,6 +71,12 @@ def _check_each_action_once(schedule: Schedule) -> None:
 
 def _check_compute_complete(schedule: Schedule) -> None:
     """Every stage runs each micro-batch's forward once and its backward once (as B, or as I+W)."""
+    m = schedule.num_microbatches
+    counts = Counter((a.op, a.stage) for acts in schedule.actions for a in acts)
+    if all(counts[Op.FORWARD, s] == m and (counts[Op.BACKWARD, s], counts[Op.BACKWARD_INPUT, s],
+                                           counts[Op.BACKWARD_WEIGHT, s]) in ((m, 0, 0), (0, m, m))
+           for s in range(schedule.num_stages)):
+        return  # actions are unique and in range (checked before), so every one is there: the common case
     present = {a for acts in schedule.actions for a in acts if a.is_compute}
     for s in range(schedule.num_stages):
         for i in range(schedule.num_microbatches):
@@ -87,14 +93,16 @@ def _check_compute_complete(schedule: Schedule) -> None:
 
 def _check_messages_pair_up(schedule: Schedule) -> None:
     """Each needed message is sent and received once, in the same order at both ends."""
-    present = {a for acts in schedule.actions for a in acts if not a.is_compute}
     stage_to_rank, m = schedule.stage_to_rank, schedule.num_microbatches
+    counts = Counter((a.op, a.stage) for acts in schedule.actions for a in acts if not a.is_compute)
     for s in range(schedule.num_stages - 1):
         if stage_to_rank[s] == stage_to_rank[s + 1]:
             continue
-        needed = {act(op, stage, i) for i in range(m) for op, stage in (
-            (Op.SEND_F, s), (Op.RECV_F, s + 1), (Op.SEND_B, s + 1), (Op.RECV_B, s))}
-        missing = needed - present
+        ends = ((Op.SEND_F, s), (Op.RECV_F, s + 1), (Op.SEND_B, s + 1), (Op.RECV_B, s))
+        if all(counts[end] == m for end in ends):
+            continue  # unique and in range (checked before), so all there
+        present = {a for acts in schedule.actions for a in acts if not a.is_compute}
+        missing = {act(op, stage, i) for i in range(m) for op, stage in ends} - present
         if missing:
             a = min(missing)
             raise ScheduleError(f"{schedule.name}: {a} is missing on rank {stage_to_rank[a.stage]}")
