@@ -42,19 +42,17 @@ def _backward_of(split: set[Action], stage: int, mb: int) -> Action:
 def data_inputs(schedule: Schedule, action: Action, split: set[Action]) -> list[Action]:
     """Actions whose results `action` consumes (on its own rank or as the receive it needs)."""
     s, i = action.stage, action.microbatch
-    rank = schedule.stage_to_rank[s]
     last = schedule.num_stages - 1
     if action.op == Op.FORWARD:
         if s == 0:
             return []
-        local = schedule.stage_to_rank[s - 1] == rank
+        local = schedule.stage_to_rank[s - 1] == schedule.stage_to_rank[s]
         return [act(Op.FORWARD, s - 1, i) if local else act(Op.RECV_F, s, i)]
-    if action.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-        deps = [act(Op.FORWARD, s, i)]
-        if s < last:
-            local = schedule.stage_to_rank[s + 1] == rank
-            deps.append(_backward_of(split, s + 1, i) if local else act(Op.RECV_B, s, i))
-        return deps
+    if action.op == Op.BACKWARD or action.op == Op.BACKWARD_INPUT:
+        if s == last:
+            return [act(Op.FORWARD, s, i)]
+        local = schedule.stage_to_rank[s + 1] == schedule.stage_to_rank[s]
+        return [act(Op.FORWARD, s, i), _backward_of(split, s + 1, i) if local else act(Op.RECV_B, s, i)]
     if action.op == Op.BACKWARD_WEIGHT:
         return [act(Op.BACKWARD_INPUT, s, i)]
     if action.op == Op.SEND_F:
@@ -81,6 +79,7 @@ def iter_waits(schedule: Schedule, copy_streams: bool) -> Iterator[tuple[Action,
             elif not copy_streams and last_compute is not None and last_compute not in deps:
                 deps.append(last_compute)
             yield action, deps
+
 
 
 def issue_waits(schedule: Schedule, copy_streams: bool) -> dict[Action, list[Action]]:

@@ -107,8 +107,12 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
         resources = (machine.resource(name),) if shared else ()
         track = f"link {src}->{dst}"
         stream = machine.stream(track).ops
+        seconds_of = {}  # (op, stage) -> seconds: every micro-batch's message is the same size
         for t in msgs:
-            seconds = spec.time_s(_message_bytes(t.send, costs))
+            key = t.send.op, t.send.stage
+            seconds = seconds_of.get(key)
+            if seconds is None:
+                seconds = seconds_of[key] = spec.time_s(_message_bytes(t.send, costs))
             op = Op(env, t, track, seconds, category="comm", issuers=2, resources=resources)
             stream.append(op)
             ops[t.send] = ops[t.recv] = op
