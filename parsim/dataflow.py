@@ -33,53 +33,48 @@ def recv_for(send: Action) -> Action:
     return act(op, send.stage + step, send.microbatch)
 
 
-def _backward_of(split: set[Action], stage: int, mb: int) -> Action:
-    """The action that produces stage `stage`'s input-grad: a split-off I if there is one, else B."""
-    input_grad = act(Op.BACKWARD_INPUT, stage, mb)
-    return input_grad if input_grad in split else act(Op.BACKWARD, stage, mb)
-
-
-def data_inputs(schedule: Schedule, action: Action, split: set[Action]) -> list[Action]:
-    """Actions whose results `action` consumes (on its own rank or as the receive it needs)."""
-    s, i = action.stage, action.microbatch
-    last = schedule.num_stages - 1
-    if action.op == Op.FORWARD:
-        if s == 0:
-            return []
-        local = schedule.stage_to_rank[s - 1] == schedule.stage_to_rank[s]
-        return [act(Op.FORWARD, s - 1, i) if local else act(Op.RECV_F, s, i)]
-    if action.op == Op.BACKWARD or action.op == Op.BACKWARD_INPUT:
-        if s == last:
-            return [act(Op.FORWARD, s, i)]
-        local = schedule.stage_to_rank[s + 1] == schedule.stage_to_rank[s]
-        return [act(Op.FORWARD, s, i), _backward_of(split, s + 1, i) if local else act(Op.RECV_B, s, i)]
-    if action.op == Op.BACKWARD_WEIGHT:
-        return [act(Op.BACKWARD_INPUT, s, i)]
-    if action.op == Op.SEND_F:
-        return [act(Op.FORWARD, s, i)]
-    if action.op == Op.SEND_B:
-        return [_backward_of(split, s, i)]
-    return []  # receives wait for their send, through the channel
-
-
 def iter_waits(schedule: Schedule, copy_streams: bool) -> Iterator[tuple[Action, list[Action]]]:
-    """Each action with its dependencies other than its own stream's order.
+    """Each action, in program order rank by rank, with what it waits for besides its own stream.
 
-    A send or receive issued on the compute stream (as NCCL does with the current stream)
-    first waits for every compute op issued before it; on a dedicated copy stream a send
-    waits only for the op that produced its data, and a receive for nothing.
+    Data: a forward needs the previous stage's forward (same rank) or its receive; a backward (B or
+    the input-grad I) its own forward and the next stage's input-grad (same rank: I where the
+    backward is split, else B) or its receive; W its I; a send the action that produced its data;
+    a receive its send (through the channel, not listed). A send or receive issued on the compute
+    stream (as NCCL does with the current stream) first waits for every compute op issued before
+    it; on a dedicated copy stream a send waits only for its data, and a receive for nothing.
     """
     split = {a for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
+    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    prev_local = [s > 0 and owner[s - 1] == owner[s] for s in range(last + 1)]
+    next_local = [s < last and owner[s + 1] == owner[s] for s in range(last + 1)]
+
+    def input_grad(stage: int, mb: int) -> Action:  # what produces stage `stage`'s input-grad
+        a = act(Op.BACKWARD_INPUT, stage, mb)
+        return a if a in split else act(Op.BACKWARD, stage, mb)
+
     for acts in schedule.actions:
         last_compute: Action | None = None
         for action in acts:
-            deps = data_inputs(schedule, action, split)
-            if action.op in COMPUTE_OPS:
+            op, s, i = action
+            if op == Op.FORWARD:
+                deps = [] if s == 0 else [act(Op.FORWARD, s - 1, i) if prev_local[s] else act(Op.RECV_F, s, i)]
+            elif op == Op.BACKWARD or op == Op.BACKWARD_INPUT:
+                deps = [act(Op.FORWARD, s, i)]
+                if s < last:
+                    deps.append(input_grad(s + 1, i) if next_local[s] else act(Op.RECV_B, s, i))
+            elif op == Op.BACKWARD_WEIGHT:
+                deps = [act(Op.BACKWARD_INPUT, s, i)]
+            elif op == Op.SEND_F:
+                deps = [act(Op.FORWARD, s, i)]
+            elif op == Op.SEND_B:
+                deps = [input_grad(s, i)]
+            else:
+                deps = []  # receives wait for their send, through the channel
+            if op in COMPUTE_OPS:
                 last_compute = action
             elif not copy_streams and last_compute is not None and last_compute not in deps:
                 deps.append(last_compute)
             yield action, deps
-
 
 
 def issue_waits(schedule: Schedule, copy_streams: bool) -> dict[Action, list[Action]]:

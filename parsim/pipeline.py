@@ -90,8 +90,8 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
         stream = machine.stream(track).ops
         for a in acts:
             if a.op in COMPUTE_OPS:
-                gpu_s, tail_s, _, _ = launches[a.op, a.stage]
-                if a not in split:
+                gpu_s, tail_s, _, _ = launches[a.op][a.stage]
+                if not split or a not in split:
                     op = Op(env, a, track, gpu_s, tail_s=tail_s)
                     stream.append(op)
                     ops[a] = op
@@ -116,29 +116,31 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
             op = Op(env, t, track, seconds, category="comm", issuers=2, resources=resources)
             stream.append(op)
             ops[t.send] = ops[t.recv] = op
-    for action, deps in iter_waits(schedule, copy_streams):
-        op = parts_of[action][0] if action in parts_of else ops[action]
-        op_deps = op.deps
-        for d in deps:
-            dep = ops[d]
-            if dep is not op and dep not in op_deps:
-                op_deps.append(dep)
     p2p_s = profile.host.p2p_s
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
+    waits = iter_waits(schedule, copy_streams)  # in the same order as the loop below
     for rank, acts in enumerate(schedule.actions):
-        steps = machine.host(f"host{gpu_offset + rank}").steps
-        append = steps.append
+        append = machine.host(f"host{gpu_offset + rank}").steps.append
         for a in acts:
+            _, deps = next(waits)
+            op = ops[a]
+            parts = parts_of.get(a) if parts_of else None
+            waiter = parts[0] if parts else op
+            waiter_deps = waiter.deps
+            for d in deps:
+                dep = ops[d]
+                if dep is not waiter and dep not in waiter_deps:
+                    waiter_deps.append(dep)
             if a.op not in COMPUTE_OPS:
-                append(new_tuple(Launch, (ops[a], p2p_s, p2p_s)))
+                append(new_tuple(Launch, (op, p2p_s, p2p_s)))
                 continue
-            _, _, host_s, first_s = launches[a.op, a.stage]
-            parts = parts_of.get(a)
+            _, _, host_s, first_s = launches[a.op][a.stage]
             if parts is None:
-                append(new_tuple(Launch, (ops[a], host_s, first_s)))
+                append(new_tuple(Launch, (op, host_s, first_s)))
                 continue
             n = len(parts)
-            steps += [new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))) for part in parts]
+            for part in parts:
+                append(new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))))
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
@@ -152,16 +154,16 @@ def finish_step(machine: Machine) -> None:
         host.steps.append(Sync(tuple(last.values())))
 
 
-def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[tuple[str, int], tuple[float, ...]]:
-    """(op, stage) -> (gpu_s, tail_s, host_s, first_s): the host launches a stage's layers one by one."""
-    table = {}
-    for stage, cost in enumerate(costs):
-        for op in (ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT):
+def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, list[tuple[float, ...]]]:
+    """op -> per stage (gpu_s, tail_s, host_s, first_s): the host launches a stage's layers one by one."""
+    table: dict[str, list[tuple[float, ...]]] = {}
+    for op in (ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT):
+        table[op] = []
+        for stage, cost in enumerate(costs):
             work = _work_of(Action(op, stage, 0), cost)
             chunks = max(work.chunks, 1)
-            host_s = profile.host.action_s + work.host_s
-            table[op, stage] = (work.gpu_s, work.gpu_s / chunks, host_s,
-                                profile.host.action_s + work.host_s / chunks)
+            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + work.host_s,
+                              profile.host.action_s + work.host_s / chunks))
     return table
 
 
