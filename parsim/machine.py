@@ -9,7 +9,7 @@ serialise on it; ops on different streams and resources overlap.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -27,12 +27,12 @@ class Op:
     already issued or done costs no simulation event. It lasts `gpu_s`, but not
     less than the host's last launch plus `tail_s`: a host issuing kernels slower than the
     GPU runs them keeps the GPU waiting. "Done" means its end time is known, which may be
-    ahead of the simulation clock. HostThread.run issues ops and Stream.run settles them,
+    ahead of the simulation clock. HostThread.run issues ops and Stream.advance settles them,
     inline: they are the hot loops of large runs.
     """
 
     __slots__ = ("env", "label", "track", "category", "gpu_s", "tail_s", "deps", "resources", "issuers",
-                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done")
+                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done", "waiters", "held")
 
     def __init__(self, env: simpy.Environment, label: object, track: str, gpu_s: float, *,
                  category: str = "compute", tail_s: float = 0.0, issuers: int = 1,
@@ -48,9 +48,11 @@ class Op:
         self.available_at = 0.0
         self.last_issue_at = 0.0
         self.start_s = self.end_s = float("nan")
-        # False until it happens; then True, or the event that waiters yield on (fired then).
-        self._issued: bool | simpy.Event = False
+        self._issued = False
+        # False until it is done; then True, or the event a host's sync yields on (fired then).
         self._done: bool | simpy.Event = False
+        self.waiters: list[Stream] | None = None  # streams stopped at it until it is issued or done
+        self.held = False  # on shared resources: handed to the clock (Machine.hold)
 
     @property
     def name(self) -> str:
@@ -71,10 +73,6 @@ class Op:
             self._done = self.env.event()
         return self._done
 
-    def wait_issued(self) -> simpy.Event:
-        if self._issued is False:
-            self._issued = self.env.event()
-        return self._issued
 
 
 class Launch(NamedTuple):
@@ -101,7 +99,7 @@ class HostThread:
     finished_at: float | None = None
     blocked_on: Op | None = None
 
-    def run(self, env: simpy.Environment) -> Iterator[simpy.Event]:
+    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
         # The thread never blocks between two syncs, so each run of launches is issued in one go,
         # at the times it would reach each op: one simulation event per run instead of per op.
         spans = self.spans
@@ -115,9 +113,9 @@ class HostThread:
                     op.last_issue_at = t + host_s
                 op.issuers -= 1
                 if op.issuers == 0:
-                    waiters, op._issued = op._issued, True
-                    if waiters is not False:
-                        waiters.succeed()
+                    op._issued = True
+                    if op.waiters:
+                        wake(op)
                 if host_s > 0:
                     spans.append((op, t, t + host_s))
                     t += host_s
@@ -133,51 +131,59 @@ class HostThread:
 
 
 class Stream:
-    """A CUDA stream (or a message channel): runs its ops one at a time, in order."""
+    """A CUDA stream (or a message channel): runs its ops one at a time, in order.
+
+    An op whose inputs are all known is settled at once, ahead of the clock: its start and end
+    follow from them (max-plus), with no simulation event. Only an op on a shared resource waits
+    for the clock (in a process of its own), so that ops take the resource in time order.
+    """
 
     def __init__(self, name: str):
         self.name = name
         self.ops: list[Op] = []
+        self.next = 0  # the first op not settled
+        self.free_at = 0.0  # when the last settled op ends
 
     @property
     def head(self) -> Op | None:
         """The first op not yet done (where a stuck stream is stuck)."""
         return next((op for op in self.ops if op._done is not True), None)
 
-    def run(self, env: simpy.Environment) -> Iterator[simpy.Event]:
-        # An op whose inputs are all known can be settled at once, ahead of the clock: its start and
-        # end follow from them (max-plus). Only ops on a shared resource wait for the clock, so that
-        # they take the resource in time order. Waiters read end_s, not the clock.
-        timeout = env.timeout
-        free_at = 0.0  # when this stream's previous op ends
-        for op in self.ops:
-            if op._issued is not True:
-                yield op.wait_issued()
+    def advance(self, machine: Machine) -> None:
+        """Settle ops in order until one waits for something; register there to be woken."""
+        ops, k, free_at = self.ops, self.next, self.free_at
+        while k < len(ops):
+            op = ops[k]
+            if op._done is True:  # a resource op whose process finished it
+                free_at = op.end_s
+                k += 1
+                continue
+            blocker = None if op._issued else op
             ready = op.available_at if op.available_at > free_at else free_at
             for dep in op.deps:
+                if blocker is not None:
+                    break
                 if dep._done is not True:
-                    yield dep.wait_done()
-                if dep.end_s > ready:
+                    blocker = dep
+                elif dep.end_s > ready:
                     ready = dep.end_s
-            if op.resources:
-                if ready > env.now:
-                    yield timeout(ready - env.now)
-                requests = [r.request() for r in op.resources]
-                for req in requests:
-                    yield req
-                ready = env.now
+            if blocker is None and op.resources:
+                if not op.held:  # first time here: hand it to the clock
+                    op.held = True
+                    machine.env.process(machine.hold(op, ready))
+                blocker = op
+            if blocker is not None:
+                if blocker.waiters is None:
+                    blocker.waiters = []
+                blocker.waiters.append(self)
+                break
             end = ready + op.gpu_s
             if op.last_issue_at + op.tail_s > end:
                 end = op.last_issue_at + op.tail_s
-            if op.resources:
-                yield timeout(end - env.now)
-                for r, req in zip(op.resources, requests):
-                    r.release(req)
-            op.start_s, op.end_s = ready, end
-            waiters, op._done = op._done, True
-            if waiters is not False:
-                waiters.succeed()
+            machine.settle(op, ready, end)
             free_at = end
+            k += 1
+        self.next, self.free_at = k, free_at
 
 
 @contextmanager
@@ -227,14 +233,51 @@ class Machine:
         self.hosts.append(thread)
         return thread
 
+    def settle(self, op: Op, start_s: float, end_s: float) -> None:
+        """The op runs from start_s to end_s: wake the host syncing on it and the streams waiting."""
+        op.start_s, op.end_s = start_s, end_s
+        event, op._done = op._done, True
+        if event is not False:
+            event.succeed()
+        if op.waiters:
+            self.wake(op)
+
+    def wake(self, op: Op) -> None:
+        """Let the streams stopped at `op` go on, one after the other (not recursively)."""
+        self._woken.extend(op.waiters)
+        op.waiters = []
+        if self._pumping:
+            return
+        self._pumping = True
+        while self._woken:
+            self._woken.pop().advance(self)
+        self._pumping = False
+
+    def hold(self, op: Op, ready_s: float) -> Iterator[simpy.Event]:
+        """An op on shared resources: at ready_s it queues for them, holds them while it runs."""
+        env = self.env
+        if ready_s > env.now:
+            yield env.timeout(ready_s - env.now)
+        requests = [r.request() for r in op.resources]
+        for req in requests:
+            yield req
+        start = env.now
+        end = max(start + op.gpu_s, op.last_issue_at + op.tail_s)
+        yield env.timeout(end - start)
+        for r, req in zip(op.resources, requests):
+            r.release(req)
+        self.settle(op, start, end)
+
     def run(self) -> float:
         """Simulate to the end; return when the last host finished, or raise on a deadlock."""
         env = self.env
+        self._woken: list[Stream] = []
+        self._pumping = False
         with gc_paused():
-            for s in self.streams.values():
-                env.process(s.run(env))
             for h in self.hosts:
-                env.process(h.run(env))
+                env.process(h.run(env, self.wake))
+            for s in self.streams.values():
+                s.advance(self)
             env.run()
         if any(h.finished_at is None for h in self.hosts) or any(
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
