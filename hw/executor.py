@@ -325,6 +325,17 @@ def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, d
     return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches)
 
 
+def _fail_after(n: int) -> Callable[[Action, str], None]:
+    """An observer that raises once n actions have ended (fault injection for tests)."""
+    done = iter(range(10**9))
+
+    def observe(action: Action, phase: str) -> None:
+        if phase == "end" and next(done) == n:
+            raise RuntimeError(f"injected failure after {action}")
+
+    return observe
+
+
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
     """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
@@ -333,14 +344,7 @@ def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: 
 
     made = replica_groups(schedule, Groups(), data_parallel)
     runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
-    observe = None
-    if fail_at and fail_at[0] == rank:
-        done = iter(range(10**9))
-
-        def observe(action: Action, phase: str) -> None:
-            if phase == "end" and next(done) == fail_at[1]:
-                raise RuntimeError(f"injected failure after {action}")
-
+    observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = partition(len(model.layers), schedule.num_stages)
     grads = {f"{layer_ids[s][k]}.{name}": p.grad.cpu()

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from parsim.schedules import COMPUTE_OPS, Action, Op, Schedule, act
 
-_PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}
+_PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive, stage offset
 
 
 class Transfer(NamedTuple):
@@ -25,12 +25,6 @@ class Transfer(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.send}->{self.recv}"
-
-
-def recv_for(send: Action) -> Action:
-    """The receive that consumes `send` (stage s sends forward to s+1, backward to s-1)."""
-    op, step = _PAIRED_RECV[send.op]
-    return act(op, send.stage + step, send.microbatch)
 
 
 def iter_waits(schedule: Schedule, copy_streams: bool) -> Iterator[tuple[Action, list[Action]]]:

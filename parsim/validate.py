@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
 
-from parsim.dataflow import issue_waits, recv_for, transfers
+from parsim.dataflow import issue_waits, transfers
 from parsim.errors import ScheduleError
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op, Schedule, act
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import equal_stages, make_profile
+from conftest import equal_stages
 
 from parsim.pipeline import peak_stashed_microbatches
 from parsim.predict import predict, simulate
