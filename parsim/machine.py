@@ -243,9 +243,13 @@ class Machine:
             self.wake(op)
 
     def wake(self, op: Op) -> None:
-        """Let the streams stopped at `op` go on, one after the other (not recursively)."""
-        self._woken.extend(op.waiters)
-        op.waiters = []
+        """Let the streams stopped at `op` go on."""
+        waiters, op.waiters = op.waiters, []  # cleared first: a stream may stop at `op` again
+        self._go_on(waiters)
+
+    def _go_on(self, streams: list[Stream]) -> None:
+        """Advance streams one after the other, never one inside another's advance."""
+        self._woken.extend(streams)
         if self._pumping:
             return
         self._pumping = True
@@ -276,8 +280,7 @@ class Machine:
         with gc_paused():
             for h in self.hosts:
                 env.process(h.run(env, self.wake))
-            for s in self.streams.values():
-                s.advance(self)
+            self._go_on(list(self.streams.values())[::-1])
             env.run()
         if any(h.finished_at is None for h in self.hosts) or any(
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
