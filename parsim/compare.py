@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from parsim.errors import ParsimError
-from parsim.files import write_atomic
+from parsim.files import write_png
 
 COLUMNS = ("schedule", "gpus", "microbatches", "layers", "hidden", "tokens", "measured_s",
            "measured_min_s", "measured_max_s", "measured_single_gpu_s", "predicted_s",
@@ -140,16 +140,6 @@ def error_table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
-
-
 def plot_step_times(points: list[Point], path: Path) -> None:
     """Predicted against measured step time, log-log, with y = x and a +-10% band."""
     import matplotlib
@@ -173,7 +163,7 @@ def plot_step_times(points: list[Point], path: Path) -> None:
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
            xlabel="measured step time (ms)", ylabel="predicted step time (ms)")
     ax.legend(fontsize=7)
-    _save(fig, path)
+    write_png(fig, path)
 
 
 def plot_speedups(points: list[Point], path: Path) -> None:
@@ -198,7 +188,7 @@ def plot_speedups(points: list[Point], path: Path) -> None:
         ax.set(xscale="log", xlabel="micro-batches", ylabel="speedup over one GPU", title=model)
         ax.set_xticks(sorted({p.microbatches for p in points}), [str(m) for m in sorted({p.microbatches for p in points})])
         ax.legend(fontsize=7)
-    _save(fig, path)
+    write_png(fig, path)
 
 
 def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None) -> tuple[str, list[Path]]:

@@ -25,3 +25,16 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_png(fig, path: str | os.PathLike) -> None:
+    """Lay out a matplotlib figure, write it as a PNG atomically, and close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

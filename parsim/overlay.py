@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from parsim.errors import ParsimError
+from parsim.pipeline import compute_track
 from parsim.predict import Simulation
 
 Spans = list[tuple[float, float]]  # (start_s, duration_s)
@@ -37,7 +38,7 @@ def measured_kernels(trace: str | Path) -> tuple[Spans, Spans]:
 
 def simulated_spans(sim: Simulation, gpu: int) -> tuple[Spans, Spans]:
     """(compute ops, messages touching it) of one simulated GPU, from the step's start."""
-    compute = [(op.start_s, op.end_s - op.start_s) for op in sim.ops if op.track == f"gpu{gpu} compute"]
+    compute = [(op.start_s, op.end_s - op.start_s) for op in sim.ops if op.track == compute_track(gpu)]
     comm = [(op.start_s, op.end_s - op.start_s) for op in sim.ops
             if op.category == "comm" and f"{gpu}" in op.track.split()[-1].split("->")]
     return compute, comm
@@ -45,14 +46,12 @@ def simulated_spans(sim: Simulation, gpu: int) -> tuple[Spans, Spans]:
 
 def write_overlay(sim: Simulation, gpu: int, trace: str | Path, path: str | Path, title: str = "") -> None:
     """A PNG with the measured and the simulated compute (and message) rows of `gpu`, one above the other."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parsim.files import write_atomic
+    from parsim.files import write_png
 
     measured, simulated = measured_kernels(trace), simulated_spans(sim, gpu)
     rows = [("measured kernels", measured[0], "tab:blue"), ("measured NCCL", measured[1], "tab:gray"),
@@ -66,8 +65,4 @@ def write_overlay(sim: Simulation, gpu: int, trace: str | Path, path: str | Path
     ends = [max((s + d for s, d in spans), default=0.0) for _, spans, _ in rows]
     ax.set_title(title or f"GPU {gpu}: measured {max(ends[:2]) * 1e3:.2f} ms of kernels, "
                           f"simulated step {sim.step_time_s * 1e3:.2f} ms")
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_png(fig, path)

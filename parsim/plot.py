@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from parsim.files import write_atomic  # noqa: E402
+from parsim.files import write_png  # noqa: E402
 from parsim.predict import Simulation  # noqa: E402
 
 COLOURS = {"F": "tab:blue", "B": "tab:green", "I": "tab:olive", "W": "tab:cyan",
@@ -59,8 +58,4 @@ def write_gantt(sim: Simulation, path: str | Path, title: str = "") -> None:
     keys = [k for k in COLOURS if k in used]
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in keys], [names[k] for k in keys],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=len(keys), frameon=False)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_png(fig, path)
