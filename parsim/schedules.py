@@ -95,7 +95,7 @@ def _check_sizes(num_ranks: int, num_microbatches: int, virtual_stages: int = 1)
         raise ScheduleError(f"need at least one virtual stage per GPU, got {virtual_stages}")
 
 
-def _forward(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
+def forward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
     """Receive the input (if it comes from another rank), run the forward, send the output."""
     rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
     acts = [Action(Op.RECV_F, stage, mb)] if stage > 0 and stage_to_rank[stage - 1] != rank else []
@@ -105,7 +105,8 @@ def _forward(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action
     return acts
 
 
-def _backward(stage: int, mb: int, stage_to_rank: tuple[int, ...], op: str = Op.BACKWARD) -> list[Action]:
+def backward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...],
+                           op: str = Op.BACKWARD) -> list[Action]:
     """Receive the output's gradient (if from another rank), run the backward (B, or only its
     input-grad I), send the input's gradient."""
     rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
@@ -128,8 +129,8 @@ def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     p, m, owner = num_ranks, num_microbatches, tuple(range(num_ranks))
     ranks = []
     for s in range(p):
-        acts = [a for i in range(m) for a in _forward(s, i, owner)]
-        acts += [a for i in range(m) for a in _backward(s, i, owner)]
+        acts = [a for i in range(m) for a in forward_with_messages(s, i, owner)]
+        acts += [a for i in range(m) for a in backward_with_messages(s, i, owner)]
         ranks.append(tuple(acts))
     return Schedule("gpipe", p, m, owner, tuple(ranks))
 
@@ -148,11 +149,11 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
     ranks = []
     for s in range(p):
         warmup = min(p - s - 1, m)
-        acts = [a for i in range(warmup) for a in _forward(s, i, owner)]
+        acts = [a for i in range(warmup) for a in forward_with_messages(s, i, owner)]
         for i in range(m - warmup):
-            acts += _forward(s, warmup + i, owner)
-            acts += _backward(s, i, owner)
-        acts += [a for i in range(m - warmup, m) for a in _backward(s, i, owner)]
+            acts += forward_with_messages(s, warmup + i, owner)
+            acts += backward_with_messages(s, i, owner)
+        acts += [a for i in range(m - warmup, m) for a in backward_with_messages(s, i, owner)]
         ranks.append(tuple(acts))
     return Schedule("1f1b", p, m, owner, tuple(ranks))
 
@@ -176,10 +177,10 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int 
         forwards = [(c * p + r, g * p + k) for g in range(m // p) for c in range(v) for k in range(p)]
         backwards = [(c * p + r, g * p + k) for g in range(m // p) for c in reversed(range(v)) for k in range(p)]
         warmup = min((p - r - 1) * 2 + (v - 1) * p, m * v)
-        acts = [a for st, i in forwards[:warmup] for a in _forward(st, i, owner)]
+        acts = [a for st, i in forwards[:warmup] for a in forward_with_messages(st, i, owner)]
         for (fs, fi), (bs, bi) in zip(forwards[warmup:], backwards):
-            acts += _forward(fs, fi, owner) + _backward(bs, bi, owner)
-        acts += [a for st, i in backwards[m * v - warmup:] for a in _backward(st, i, owner)]
+            acts += forward_with_messages(fs, fi, owner) + backward_with_messages(bs, bi, owner)
+        acts += [a for st, i in backwards[m * v - warmup:] for a in backward_with_messages(st, i, owner)]
         ranks.append(tuple(acts))
     return Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks))
 
@@ -197,18 +198,18 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
     ranks = []
     for r in range(p):
         warmup = min(p - r - 1, m)
-        acts = [a for i in range(warmup) for a in _forward(r, i, owner)]
+        acts = [a for i in range(warmup) for a in forward_with_messages(r, i, owner)]
         waiting: list[int] = []  # micro-batches whose weight-grad is still to run
 
         def input_grad(i: int, allowed_waiting: int) -> list[Action]:
-            out = _backward(r, i, owner, Op.BACKWARD_INPUT)
+            out = backward_with_messages(r, i, owner, Op.BACKWARD_INPUT)
             waiting.append(i)
             while len(waiting) > allowed_waiting:
                 out.append(Action(Op.BACKWARD_WEIGHT, r, waiting.pop(0)))
             return out
 
         for i in range(m - warmup):
-            acts += _forward(r, warmup + i, owner) + input_grad(i, r)
+            acts += forward_with_messages(r, warmup + i, owner) + input_grad(i, r)
         for i in range(m - warmup, m):
             acts += input_grad(i, len(waiting))  # cool-down: one W after each I fills its wait
         acts += [Action(Op.BACKWARD_WEIGHT, r, i) for i in waiting]
@@ -225,9 +226,17 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 VIRTUAL = {"interleaved-1f1b"}  # schedules that take virtual_stages
 
 
+TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule
+
+
+def _imported(name: str) -> bool:
+    """Whether `name` asks for a schedule from torch: `torch:CLASS` or a torch schedule CSV file."""
+    return name.startswith(TORCH_PREFIX) or name.lower().endswith(".csv")
+
+
 def schedule_name(text: str) -> str:
     """argparse type for --schedule: a registered name, `torch:CLASS` or a torch schedule CSV file."""
-    if text.lower() in SCHEDULES or text.startswith("torch:") or text.lower().endswith(".csv"):
+    if text.lower() in SCHEDULES or _imported(text):
         return text
     raise argparse.ArgumentTypeError(f"unknown schedule {text!r}; choose one of {', '.join(sorted(SCHEDULES))}, "
                                      "torch:CLASS (a torch.distributed.pipelining schedule) or a schedule .csv")
@@ -238,12 +247,12 @@ def build(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int 
 
     Generators are checked by the tests; simulate validates whatever it is given.
     """
-    from parsim import torch_schedules
+    if _imported(name):
+        from parsim import torch_schedules
 
-    if name.startswith(torch_schedules.PREFIX):
-        return torch_schedules.from_torch(name.removeprefix(torch_schedules.PREFIX), num_ranks, num_microbatches,
-                                          virtual_stages)
-    if name.lower().endswith(".csv"):
+        if name.startswith(TORCH_PREFIX):
+            return torch_schedules.from_torch(name.removeprefix(TORCH_PREFIX), num_ranks, num_microbatches,
+                                              virtual_stages)
         return torch_schedules.load_csv(name)
     key = name.lower()
     if key not in SCHEDULES:

@@ -15,14 +15,12 @@ import re
 from pathlib import Path
 
 from parsim.errors import ScheduleError
-from parsim.schedules import COMM_OPS, COMPUTE_OPS, Action, Op, Schedule, act
+from parsim.schedules import (COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Op, Schedule, act,
+                              backward_with_messages, forward_with_messages)
 
-PREFIX = "torch:"
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
-
-
 
 
 def parse_action(text: str) -> list[Action]:
@@ -77,22 +75,12 @@ def from_rows(name: str, rows: list[list[str]], microbatches: int | None = None)
 
 def _with_messages(acts: list[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
     """Compute-only lists with the sends and receives they need, placed as parsim's generators do."""
-    last = len(stage_to_rank) - 1
     out: list[Action] = []
     for a in acts:
-        s, i, rank = a.stage, a.microbatch, stage_to_rank[a.stage]
         if a.op == Op.FORWARD:
-            if s > 0 and stage_to_rank[s - 1] != rank:
-                out.append(act(Op.RECV_F, s, i))
-            out.append(a)
-            if s < last and stage_to_rank[s + 1] != rank:
-                out.append(act(Op.SEND_F, s, i))
+            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            if s < last and stage_to_rank[s + 1] != rank:
-                out.append(act(Op.RECV_B, s, i))
-            out.append(a)
-            if s > 0 and stage_to_rank[s - 1] != rank:
-                out.append(act(Op.SEND_B, s, i))
+            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
         else:
             out.append(a)
     return out
@@ -130,4 +118,4 @@ def from_torch(class_name: str, num_ranks: int, num_microbatches: int,
     except (ValueError, AssertionError, RuntimeError) as e:
         raise ScheduleError(f"torch's {class_name} with {num_ranks} ranks and {num_microbatches} "
                             f"micro-batches: {e}") from None
-    return from_rows(PREFIX + class_name, [[str(a) for a in row if a is not None] for row in ops], num_microbatches)
+    return from_rows(TORCH_PREFIX + class_name, [[str(a) for a in row if a is not None] for row in ops], num_microbatches)
