@@ -74,7 +74,6 @@ class Op:
         return self._done
 
 
-
 class Launch(NamedTuple):
     """Host step: spend host_s launching `op`; the device may start it after first_s."""
 
@@ -210,6 +209,8 @@ class Machine:
         self.streams: dict[str, Stream] = {}
         self.resources: dict[str, simpy.Resource] = {}
         self.hosts: list[HostThread] = []
+        self._woken: list[Stream] = []  # streams to advance (see _go_on)
+        self._pumping = False
 
     def stream(self, name: str) -> Stream:
         if name not in self.streams:
@@ -275,8 +276,6 @@ class Machine:
     def run(self) -> float:
         """Simulate to the end; return when the last host finished, or raise on a deadlock."""
         env = self.env
-        self._woken: list[Stream] = []
-        self._pumping = False
         with gc_paused():
             for h in self.hosts:
                 env.process(h.run(env, self.wake))
