@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hw.executor import Groups, replica_batch, replica_groups, replica_runner
-from hw.workers import kill_point, spawn, under_torchrun
+from hw.workers import kill_point, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
@@ -259,10 +259,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.warmup < 0 or not args.timeout > 0:
         raise ParsimError("--warmup must be >= 0 and --timeout > 0")
     if not args.cpu:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have == 0 or (have < args.gpus and not under_torchrun()):  # under torchrun, GPUs span nodes
-            raise ParsimError(f"--gpus {args.gpus} needs {args.gpus} CUDA GPUs; this machine has {have} "
-                              "(pass --cpu to run the ranks on the CPU)")
+        require_gpus(args.gpus)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,9 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from hw.measure import Config, Job, baseline_job, measure_jobs, report
+from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
 from parsim.errors import ParsimError, ScheduleError
 from parsim.files import write_atomic
@@ -125,9 +124,7 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(str(e)) from None
     specs = _models(args.models)
     if not args.cpu:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have < max(gpus):
-            raise ParsimError(f"--gpus {max(gpus)} needs {max(gpus)} CUDA GPUs; this machine has {have}")
+        require_gpus(max(gpus))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile, profile_path = _profile(args, out)

@@ -90,6 +90,15 @@ def _death(procs: list, outputs: dict, killed_only: bool = False) -> str | None:
     return None
 
 
+def require_gpus(count: int) -> None:
+    """Refuse, before anything starts, a run that needs more CUDA GPUs than this machine has
+    (under torchrun only one: its ranks may span hosts)."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have == 0 or (have < count and not under_torchrun()):
+        raise ParsimError(f"--gpus {count} needs {count} CUDA GPUs; this machine has {have} "
+                          "(pass --cpu to run the ranks on the CPU)")
+
+
 def under_torchrun() -> bool:
     """Whether torchrun (or another launcher) started this process as one rank of a group."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
