@@ -22,7 +22,7 @@ from parsim.files import write_atomic
 from parsim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import SCHEDULES, build, schedule_name
-from parsim.workload import Model, mlp_model
+from parsim.workload import Model, mlp_model, parse_mlp_spec
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -39,10 +39,13 @@ def _models(text: str) -> list[tuple[int, int, int]]:
     """'16x2048x8192,8x256x1024' -> [(layers, hidden, tokens), ...]."""
     out = []
     for spec in text.split(","):
-        parts = spec.lower().split("x")
-        if len(parts) != 3:
-            raise ParsimError(f"--models takes LAYERSxHIDDENxTOKENS items, got {spec!r}")
-        out.append(tuple(_ints(",".join(parts), "--models")))
+        try:
+            sizes = parse_mlp_spec(spec)
+        except ValueError:
+            raise ParsimError(f"--models takes LAYERSxHIDDENxTOKENS items, got {spec!r}") from None
+        if min(sizes) < 1:
+            raise ParsimError(f"--models needs whole numbers >= 1, got {spec!r}")
+        out.append(sizes)
     return out
 
 

@@ -14,7 +14,7 @@ from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, VIRTUAL, build, schedule_name
-from parsim.workload import Model, load_model, mlp_model
+from parsim.workload import Model, load_model, mlp_model, parse_mlp_spec
 
 
 def _positive_int(text: str) -> int:
@@ -233,7 +233,7 @@ def _overlay(args: argparse.Namespace) -> Path:
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")
-        layers, hidden, tokens = (int(v) for v in spec.lower().split("x"))
+        layers, hidden, tokens = parse_mlp_spec(spec)
         gpus, m = int(gpus), int(m)
     except ValueError:
         raise ParsimError(f"--point takes SCHEDULE,GPUS,M,LAYERSxHIDDENxTOKENS, got {args.point!r}") from None
