@@ -15,9 +15,13 @@ from collections.abc import Callable
 
 import torch
 
+from hw.measure import Config, Job, measure_jobs
 from hw.opcosts import sync
+from hw.workers import require_gpus
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
+from parsim.scenarios import PIPELINE_SCENARIOS, PipelineScenario
+from parsim.schedules import build
 
 
 def _timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
@@ -104,12 +108,26 @@ def measure_multi_gpu(device: torch.device, n: int = 50, size: int = 4000, repea
     return {"one_gpu_s": one, "all_gpus_s": many, "all_over_one_ratio": many / one}
 
 
+def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: float = 120.0) -> dict:
+    """Every point of `scenario` timed with `hw measure`'s machinery, in one process group."""
+    model = scenario.model(cpu)
+    config = Config(steps=3 if cpu else 20, warmup=1 if cpu else 3, dtype="fp32" if cpu else "bf16")
+    jobs = [Job(build(p.schedule, p.gpus, p.microbatches), model, config, copy_streams=p.copy_streams)
+            for p in scenario.points]
+    world = max(job.ranks for job in jobs)
+    if not cpu:
+        require_gpus(world)
+    results = measure_jobs(jobs, world, "cpu" if cpu else "cuda", timeout_s)
+    times = {p.figure: statistics.median(r[0]["times"]) for p, r in zip(scenario.points, results)}
+    return scenario.figures(times)
+
+
 MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu}
 TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(MEASURE))
+    parser.add_argument("name", choices=sorted([*MEASURE, *PIPELINE_SCENARIOS]))
     parser.add_argument("--cpu", action="store_true", help="run on the CPU at tiny sizes (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--profile", metavar="FILE", help="profile for the prediction shown beside it")
@@ -119,7 +137,10 @@ def main(args: argparse.Namespace) -> int:
     if not args.cpu and not torch.cuda.is_available():
         raise ParsimError("no CUDA GPU is visible; run on a GPU machine, or pass --cpu for a smoke test")
     device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
-    figures = MEASURE[args.name](device, **(TINY[args.name] if args.cpu else {}))
+    if args.name in PIPELINE_SCENARIOS:
+        figures = measure_pipeline_scenario(PIPELINE_SCENARIOS[args.name], args.cpu)
+    else:
+        figures = MEASURE[args.name](device, **(TINY[args.name] if args.cpu else {}))
     result = {"scenario": args.name, "measured": figures, "device": _device_name(device),
               "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "python": platform.python_version(), "tiny": bool(args.cpu)}

@@ -7,12 +7,16 @@ returns named times; the `headline` figure is the one compared with the measurem
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from parsim.errors import ProfileError
 from parsim.machine import Launch, Machine, Sync
+from parsim.predict import predict
 from parsim.profile import KernelCost, Profile
+from parsim.schedules import build
+from parsim.workload import Model, mlp_model
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,57 @@ def multi_gpu_matmuls(profile: Profile, n: int = 50, size: int = 4000, gpus: int
                           "all_over_one_ratio", multi_gpu_matmuls.__doc__.splitlines()[0])
 
 
+@dataclass(frozen=True)
+class PipelinePoint:
+    """One pipeline step of a scenario: `figure` names its time (seconds) in the results."""
+
+    figure: str
+    schedule: str
+    gpus: int
+    microbatches: int
+    copy_streams: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineScenario:
+    """A scenario made of pipeline steps that `parsim predict` simulates and `hw measure` runs unchanged."""
+
+    name: str
+    description: str
+    model: Callable[[bool], Model]  # tiny=True: a model small enough for a CPU smoke test
+    points: tuple[PipelinePoint, ...]
+    headline: str
+    ratios: Callable[[dict[str, float]], dict[str, float]]  # derived figures from the step times
+
+    def figures(self, step_times: dict[str, float]) -> dict[str, float]:
+        return {**step_times, **self.ratios(step_times)}
+
+
+COPY_STREAMS = PipelineScenario(
+    "copy-streams",
+    "GPipe on 2 GPUs, stage-to-stage messages on the compute stream vs on dedicated copy streams",
+    # Wide activations and little compute per layer: where a message on the compute stream stalls it.
+    lambda tiny: mlp_model(2, 16, 64) if tiny else mlp_model(2, 512, 131072),
+    (PipelinePoint("compute_stream_s", "gpipe", 2, 4), PipelinePoint("copy_streams_s", "gpipe", 2, 4, True)),
+    "speedup_ratio",
+    lambda t: {"speedup_ratio": t["compute_stream_s"] / t["copy_streams_s"]},
+)
+PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS,)}
+
+
+def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile) -> ScenarioResult:
+    """Each point of `scenario` simulated with `profile`; the ratios derived as from a measurement."""
+    model = scenario.model(False)
+    times = {p.figure: predict(build(p.schedule, p.gpus, p.microbatches), model, profile, p.copy_streams)[0]
+             .step_time_s for p in scenario.points}
+    return ScenarioResult(scenario.name, scenario.figures(times), scenario.headline, scenario.description)
+
+
 SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
     "async": async_front_end,
     "multi-gpu": multi_gpu_matmuls,
     "overlap": copy_compute_overlap,
+    **{name: functools.partial(predict_pipeline_scenario, s) for name, s in PIPELINE_SCENARIOS.items()},
 }
 
 

@@ -21,6 +21,7 @@ def _hw(*argv: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name,keys", [
     ("async", {"sync_each_s", "sync_once_s", "speedup_ratio"}),
     ("overlap", {"pinned_serial_s", "pinned_overlapped_s", "pageable_serial_s", "pageable_overlapped_s"}),
+    ("copy-streams", {"compute_stream_s", "copy_streams_s", "speedup_ratio"}),
 ])
 def test_scenario_runs_on_cpu_and_reports_parsims_figures(name, keys, tmp_path):
     out = tmp_path / "r.json"

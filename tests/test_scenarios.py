@@ -9,7 +9,13 @@ from conftest import make_profile
 
 from parsim.errors import ProfileError
 from parsim.profile import HostCosts, KernelCost, LinkSpec
-from parsim.scenarios import async_front_end, copy_compute_overlap, multi_gpu_matmuls
+from parsim.scenarios import (
+    COPY_STREAMS,
+    async_front_end,
+    copy_compute_overlap,
+    multi_gpu_matmuls,
+    predict_pipeline_scenario,
+)
 
 T1, T3 = 8e-6, 20e-6
 
@@ -74,3 +80,15 @@ def test_malformed_op_costs_are_a_profile_error():
 
     with pytest.raises(ProfileError, match="malformed"):
         with_op_costs(make_profile(), {"host": {}})
+
+
+def test_copy_streams_change_nothing_when_messages_are_free():
+    r = predict_pipeline_scenario(COPY_STREAMS, make_profile())
+    assert r.figures["speedup_ratio"] == pytest.approx(1.0)
+
+
+def test_copy_streams_hide_slow_messages_that_stall_the_compute_stream():
+    slow = make_profile(latency_s=1e-4, bandwidth_Bps=50e9)
+    r = predict_pipeline_scenario(COPY_STREAMS, slow)
+    assert r.figures["copy_streams_s"] < r.figures["compute_stream_s"]
+    assert r.figures["speedup_ratio"] == pytest.approx(r.figures["compute_stream_s"] / r.figures["copy_streams_s"])
