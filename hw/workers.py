@@ -38,9 +38,21 @@ def backend_for(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
+def pin_host(rank: int) -> None:
+    """HW_PIN=process|thread binds this rank (every thread it starts later, or its main thread alone)
+    to one core of those it may use, one core per rank: an experiment on host-bound step noise."""
+    mode = os.environ.get("HW_PIN", "none")
+    if mode == "none":
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[(rank + 1) % len(cores)]})  # pid 0: the calling thread
+
+
 def init_rank(rank: int, world: int, device: str, timeout_s: float) -> torch.device:
     """Join the process group (env:// rendezvous) and pick this rank's device."""
     os.environ.update(SAFE_NCCL_ENV)
+    if os.environ.get("HW_PIN") == "process":
+        pin_host(rank)
     if device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local)
@@ -50,6 +62,9 @@ def init_rank(rank: int, world: int, device: str, timeout_s: float) -> torch.dev
     dist.init_process_group(backend_for(device), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=dev if device == "cuda" else None)
+    if os.environ.get("HW_PIN") == "thread":
+        dist.barrier()  # NCCL's own threads exist by now: only the main thread is bound
+        pin_host(rank)
     return dev
 
 
