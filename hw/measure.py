@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hw.executor import Groups, replica_batch, replica_groups, replica_runner
-from hw.workers import kill_point, require_gpus, spawn
+from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
@@ -129,15 +129,16 @@ def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     observe = _killer(rank)
-    for _ in range(config.steps):
+    with host_pinned(device, local_rank(rank)):  # after warm-up: NCCL's threads exist and stay unbound
+        for _ in range(config.steps):
+            settle()
+            t0 = time.perf_counter()
+            one_step(observe)
+            settle()
+            times.append(time.perf_counter() - t0)
+        timer = ActionTimer(device)
+        one_step(timer)
         settle()
-        t0 = time.perf_counter()
-        one_step(observe)
-        settle()
-        times.append(time.perf_counter() - t0)
-    timer = ActionTimer(device)
-    one_step(timer)
-    settle()
     if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
         _profile_one_step(one_step, device, trace_path(config.trace, rank))
     per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}

@@ -2,14 +2,14 @@
 # Where does the spread of host-bound step times come from? Records the lease's CPU, then times one
 # dispatch-bound pipeline (8 MLP blocks h=256, 1024 tokens, 1F1B, 8 micro-batches) and a pure-Python
 # loop several times under each way of placing the host threads:
-#   free: as the OS likes; taskset: everything on one core; process: each rank and all its threads on
-#   one core (HW_PIN=process); thread: each rank's main thread alone on one core (HW_PIN=thread);
-#   omp1: free, with OMP_NUM_THREADS=1.
+#   free: as the OS likes (HW_PIN=0); pinned: hw's default, each rank's dispatching thread bound to a
+#   core of its own while it times steps; taskset: the whole run on one core; omp1: free, OMP_NUM_THREADS=1.
+# (Leases 1-2 in data/host-noise/ ran earlier versions of this script: see data/host-noise/README.md.)
 # Usage: scripts/host-noise.sh OUT_DIR [GPUS] [ROUNDS] [VARIANTS...]
 set -u
 out=${1:?usage: scripts/host-noise.sh OUT_DIR [GPUS] [ROUNDS] [VARIANTS...]}
 gpus=${2:-1}; rounds=${3:-2}; shift 3 2>/dev/null || shift $#
-variants=${*:-free taskset process thread omp1}
+variants=${*:-free pinned}
 mkdir -p "$out"
 { lscpu; echo; nproc; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head; cat /proc/loadavg; } > "$out/cpu.txt" 2>&1
 py_loop='import time,statistics as s
@@ -23,8 +23,8 @@ for i in $(seq "$rounds"); do
   for v in $variants; do
     pre=(); envs=()
     case $v in
+      free) envs=(HW_PIN=0) ;;
       taskset) pre=(taskset -c 3) ;;
-      process|thread) envs=(HW_PIN=$v) ;;
       omp1) envs=(OMP_NUM_THREADS=1) ;;
     esac
     echo "$i $v python_loop_s $(env "${envs[@]}" "${pre[@]}" python -c "$py_loop")" >> "$out/loop.txt"

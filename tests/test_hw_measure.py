@@ -104,3 +104,17 @@ def test_measure_runs_pipeline_replicas_with_data_parallelism():
     out = json.loads(r.stdout)
     assert out["config"]["gpus"] == 4 and out["config"]["data_parallel"] == 2
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]  # replica 0's pipeline reports its stages
+
+
+def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monkeypatch):
+    from hw.workers import host_pinned
+
+    before = os.sched_getaffinity(0)
+    with host_pinned(torch.device("cuda", 0), 0):
+        assert len(os.sched_getaffinity(0)) == 1 and os.sched_getaffinity(0) <= before
+    assert os.sched_getaffinity(0) == before
+    monkeypatch.setenv("HW_PIN", "0")
+    with host_pinned(torch.device("cuda", 0), 0):
+        assert os.sched_getaffinity(0) == before
+    with host_pinned(torch.device("cpu"), 0):  # CPU ranks need their intra-op threads' cores
+        assert os.sched_getaffinity(0) == before
