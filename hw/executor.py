@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from parsim.dataflow import transfers
+from parsim.dataflow import iter_waits, transfers
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 
@@ -86,14 +87,13 @@ class GradSync:
 
 @dataclass
 class StepState:
-    """What the rank holds between actions of one step."""
+    """What the rank holds between actions of one step, each result keyed by the action that made it."""
 
-    inputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (stage, mb) -> stage input
-    outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # stage output, or loss on the last
-    grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # grad of a stage's input, to send
-    weight_work: dict[tuple[int, int], list] = field(default_factory=dict)  # I's leftovers for W (see _backward_input)
+    inputs: dict[Action, torch.Tensor] = field(default_factory=dict)  # forward -> its stage input
+    outputs: dict[Action, torch.Tensor] = field(default_factory=dict)  # forward -> stage output, or loss on the last
+    grads: dict[Action, torch.Tensor] = field(default_factory=dict)  # B or I -> grad of the stage's input
+    weight_work: dict[Action, list] = field(default_factory=dict)  # forward's, then I's leftovers for W (see I)
     received: dict[Action, tuple[torch.Tensor, dist.Work]] = field(default_factory=dict)  # posted receives
-    arrived: dict[Action, torch.Tensor] = field(default_factory=dict)  # compute action -> its message
     sends: list[dist.Work] = field(default_factory=list)
     loss: torch.Tensor | None = None
 
@@ -116,6 +116,30 @@ def split_batch(x: torch.Tensor, y: torch.Tensor, microbatches: int) -> StepIO:
     return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0])
 
 
+RECEIVES = frozenset({Op.RECV_F, Op.RECV_B})
+Deps = tuple[Action, ...]
+Handler = Callable[[Action, Deps, StepIO, StepState], None]
+
+
+def data_waits(schedule: Schedule, rank: int) -> dict[Action, Deps]:
+    """Per action of `rank`, the actions whose data it takes: parsim's own dataflow, as simulated.
+
+    iter_waits on copy streams lists data alone. On the compute stream it adds, for a message, the
+    compute issued before it: NCCL enforces that itself (a message waits for the stream current at posting).
+    """
+    mine = set(schedule.actions[rank])
+    return {a: tuple(deps) for a, deps in iter_waits(schedule, copy_streams=True) if a in mine}
+
+
+class Planned(NamedTuple):
+    """One action as a step runs it: its handler, the actions whose data it takes, the receive it waits for first."""
+
+    action: Action
+    run: Handler
+    deps: Deps
+    message: Action | None
+
+
 class StageRunner:
     """Executes one rank's actions for the stages it hosts."""
 
@@ -131,7 +155,17 @@ class StageRunner:
         self.last_grad_action = {a.stage: a for a in schedule.actions[rank] if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
-        self.split_stages = {a.stage for a in schedule.actions[rank] if a.op == Op.BACKWARD_INPUT}
+        waits = data_waits(schedule, rank)
+        self.program = self._plan(waits)
+        self.kept = {deps[0] for a, deps in waits.items() if a.op == Op.BACKWARD_INPUT}  # forwards an I runs from
+
+    def _plan(self, waits: dict[Action, Deps]) -> list[Planned]:
+        """This rank's actions in program order, each with all it needs, so a step looks nothing up."""
+        handlers = {Op.FORWARD: self._forward, Op.BACKWARD: self._backward, Op.BACKWARD_INPUT: self._backward_input,
+                    Op.BACKWARD_WEIGHT: self._backward_weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
+                    Op.RECV_F: self._recv, Op.RECV_B: self._recv}
+        return [Planned(a, handlers[a.op], waits[a], next((d for d in waits[a] if d.op in RECEIVES), None))
+                for a in self.schedule.actions[self.rank]]
 
     def step(self, io: StepIO, observe: Callable[[Action, str], None] | None = None) -> torch.Tensor | None:
         """Run every action of this rank once; return the step's loss on the last stage, else None.
@@ -139,13 +173,14 @@ class StageRunner:
         observe(action, "start" | "end") is called around each action (timers, fault injection).
         """
         state = StepState()
-        for action in self.schedule.actions[self.rank]:
-            self._await_message(action, state)  # outside the observed span: it times compute only
+        for action, run, deps, message in self.program:
+            if message is not None:
+                self._await_message(message, state)  # outside the observed span: it times compute only
             if observe:
                 observe(action, "start")
             if self.grad_sync and self.last_grad_action.get(action.stage) == action:
                 self.grad_sync[action.stage].arm()
-            self.run(action, io, state)
+            run(action, deps, io, state)
             if observe:
                 observe(action, "end")
         for work in state.sends:
@@ -153,12 +188,6 @@ class StageRunner:
         for sync in self.grad_sync.values():
             sync.finish()
         return state.loss
-
-    def run(self, a: Action, io: StepIO, st: StepState) -> None:
-        handler = {Op.FORWARD: self._forward, Op.BACKWARD: self._backward, Op.BACKWARD_INPUT: self._backward_input,
-                   Op.BACKWARD_WEIGHT: self._backward_weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
-                   Op.RECV_F: self._recv, Op.RECV_B: self._recv}[a.op]
-        handler(a, io, st)
 
     def _peer_group(self, a: Action) -> tuple[int, dist.ProcessGroup]:
         peer = self.schedule.peer(a)
@@ -179,85 +208,77 @@ class StageRunner:
                 self.copy_stream.wait_event(ready)
             yield
 
-    def _recv(self, a: Action, io: StepIO, st: StepState) -> None:
+    def _recv(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
         buf = io.message_like(a.microbatch)
         with self._message_stream():
             st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
 
-    def _await_message(self, a: Action, st: StepState) -> None:
-        """Before a compute action, wait for the message it consumes (if it comes from another rank)."""
-        needs = {Op.FORWARD: (Op.RECV_F, a.stage > 0 and self.schedule.stage_to_rank[a.stage - 1] != self.rank),
-                 Op.BACKWARD: (Op.RECV_B, a.stage < self.last
-                               and self.schedule.stage_to_rank[a.stage + 1] != self.rank)}
-        needs[Op.BACKWARD_INPUT] = needs[Op.BACKWARD]
-        needs = needs.get(a.op)
-        if needs and needs[1]:
-            buf, work = st.received.pop(Action(needs[0], a.stage, a.microbatch))
-            work.wait()  # on NCCL: the current stream waits; the host does not
-            st.arrived[a] = buf
+    @staticmethod
+    def _await_message(recv: Action, st: StepState) -> None:
+        """Before a compute action, wait for the receive whose message it consumes."""
+        st.received[recv][1].wait()  # on NCCL: the current stream waits; the host does not
 
-    def _send(self, a: Action, io: StepIO, st: StepState) -> None:
+    @staticmethod
+    def _handed(src: Action, st: StepState) -> torch.Tensor:
+        """What `src` hands the action that depends on it: its received message, a forward's output
+        (detached: its gradient goes back by hand), or an input-grad."""
+        if src.op in RECEIVES:
+            return st.received.pop(src)[0]
+        if src.op == Op.FORWARD:
+            return st.outputs[src].detach()
+        return st.grads.pop(src)
+
+    def _send(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
-        key = (a.stage, a.microbatch)
-        tensor = (st.outputs[key].detach() if a.op == Op.SEND_F else st.grads.pop(key)).contiguous()
+        tensor = self._handed(deps[0], st).contiguous()
         with self._message_stream(after=tensor):
             st.sends.append(dist.isend(tensor, dst=self.offset + peer, group=group))
 
-    def _forward(self, a: Action, io: StepIO, st: StepState) -> None:
+    def _forward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
+        """The stage on the previous stage's output, or on the batch on stage 0 (no deps); the loss on the last."""
         s, i = a.stage, a.microbatch
-        if s == 0:
-            x = io.inputs[i]
-        elif self.schedule.stage_to_rank[s - 1] == self.rank:
-            x = st.outputs[(s - 1, i)].detach().requires_grad_()  # handed over locally; grads go back by hand
-        else:
-            x = st.arrived.pop(a).requires_grad_()
-        if s in self.split_stages:  # keep each weighted module's output: W needs it and the grad reaching it
+        x = self._handed(deps[0], st).requires_grad_() if deps else io.inputs[i]
+        if a in self.kept:  # keep each weighted module's output: W needs it and the grad reaching it
             with _capture_weighted_outputs(self.stages[s]) as captured:
                 y = self.stages[s](x)
-            st.weight_work[(s, i)] = captured
+            st.weight_work[a] = captured
         else:
             y = self.stages[s](x)
         if s == self.last:
             y = self.loss_fn(y, io.targets[i]) * (x.shape[0] / io.total_rows)
             st.loss = y.detach() if st.loss is None else st.loss + y.detach()
-        st.inputs[(s, i)], st.outputs[(s, i)] = x, y
+        st.inputs[a], st.outputs[a] = x, y
 
-    def _output_grad(self, a: Action, st: StepState) -> torch.Tensor | None:
-        """The gradient arriving at stage a.stage's output: none on the last stage (its output is the loss)."""
-        s, i = a.stage, a.microbatch
-        if s == self.last:
-            return None
-        if self.schedule.stage_to_rank[s + 1] == self.rank:
-            return st.grads.pop((s + 1, i))
-        return st.arrived.pop(a)
+    def _output_grad(self, deps: Deps, st: StepState) -> torch.Tensor | None:
+        """The gradient reaching a stage's output, from the backward's second dep: none on the last stage (the loss)."""
+        return self._handed(deps[1], st) if len(deps) > 1 else None
 
-    def _backward(self, a: Action, io: StepIO, st: StepState) -> None:
-        s, i = a.stage, a.microbatch
-        x, y = st.inputs.pop((s, i)), st.outputs.pop((s, i))
-        st.weight_work.pop((s, i), None)  # a split stage may still run some micro-batches' backward whole
-        torch.autograd.backward(y, self._output_grad(a, st))
-        if s > 0:
-            st.grads[(s, i)] = x.grad
+    def _backward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
+        """B: gradients of the stage's input and weights, from its forward (deps[0]) and its output's gradient."""
+        x, y = st.inputs.pop(deps[0]), st.outputs.pop(deps[0])
+        torch.autograd.backward(y, self._output_grad(deps, st))
+        if a.stage > 0:
+            st.grads[a] = x.grad
 
-    def _backward_input(self, a: Action, io: StepIO, st: StepState) -> None:
+    def _backward_input(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         """I: gradients of the stage's input and of each weighted module's output, no weight gradient.
 
         The graph is kept: W later runs each module's own backward node alone, from the gradient
         captured here, so no part of the backward is computed twice.
         """
-        s, i = a.stage, a.microbatch
-        x, y = st.inputs.pop((s, i)), st.outputs.pop((s, i))
-        captured = st.weight_work[(s, i)]
+        forward = deps[0]
+        x, y = st.inputs.pop(forward), st.outputs.pop(forward)
+        captured = st.weight_work.pop(forward)
         wanted = ([x] if x.requires_grad else []) + [out for _, out in captured]
-        grads = torch.autograd.grad(y, wanted, self._output_grad(a, st), retain_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(y, wanted, self._output_grad(deps, st), retain_graph=True, allow_unused=True)
         if x.requires_grad:
-            st.grads[(s, i)], grads = grads[0], grads[1:]
-        st.weight_work[(s, i)] = [(module, out, g) for (module, out), g in zip(captured, grads) if g is not None]
+            st.grads[a], grads = grads[0], grads[1:]
+        st.weight_work[a] = [(module, out, g) for (module, out), g in zip(captured, grads) if g is not None]
 
-    def _backward_weight(self, a: Action, io: StepIO, st: StepState) -> None:
-        """W: each weighted module's parameter gradients, from its output gradient that I kept."""
-        for module, out, g in st.weight_work.pop((a.stage, a.microbatch)):
+    def _backward_weight(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
+        """W: each weighted module's parameter gradients, from its output gradient that I (deps[0]) kept."""
+        for module, out, g in st.weight_work.pop(deps[0]):
             torch.autograd.backward(out, g, inputs=list(module.parameters(recurse=False)))
 
 

@@ -64,6 +64,23 @@ def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ran
             assert torch.allclose(g, grads[key], rtol=1e-10, atol=1e-14), key
 
 
+@pytest.mark.parametrize("name,ranks,microbatches", [("interleaved-1f1b", 2, 2), ("torch:DualPipeV", 2, 4)])
+def test_the_runner_runs_parsims_dataflow(name, ranks, microbatches):
+    """Each action runs in program order with iter_waits' data deps, waiting first for the receive among them."""
+    from hw.executor import StageRunner, stage_modules
+    from parsim.dataflow import iter_waits
+
+    schedule = build(name, ranks, microbatches)
+    waits = dict(iter_waits(schedule, copy_streams=True))
+    for rank in range(ranks):
+        stages = stage_modules(MODEL, schedule, rank, torch.device("cpu"), torch.float64)
+        program = StageRunner(schedule, rank, stages, {}).program
+        assert [p.action for p in program] == list(schedule.actions[rank])
+        for p in program:
+            assert list(p.deps) == waits[p.action]
+            assert p.message == next((d for d in p.deps if d.op.startswith("RECV")), None)
+
+
 def test_a_rank_that_fails_mid_step_ends_every_process_with_a_clear_error():
     schedule = build("1f1b", 4, 4)
     t0 = time.monotonic()
