@@ -3,6 +3,11 @@
 `hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
 are kept and ignored); a row whose `excluded` column is non-empty is shown but left out of the
 error summary, with that column as its measured reason.
+
+The summary is given twice: over every point, and over the points where the GPU sets the pace. A
+point is host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost
+HOST_SWING times larger: the lent machines' host speed changes by up to 1.7x between and within
+leases (data/host-noise/), so such a point says more about the lease than about the model.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 
 from parsim.errors import ParsimError
 from parsim.files import write_png
+
+HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
 
 COLUMNS = ("schedule", "gpus", "microbatches", "layers", "hidden", "tokens", "measured_s",
            "measured_min_s", "measured_max_s", "measured_single_gpu_s", "predicted_s",
@@ -39,6 +46,7 @@ class Point:
     excluded: str = ""
     data_parallel: int = 1  # replicas of a gpus/data_parallel-rank pipeline
     copy_streams: bool = False
+    host_sensitive: bool = False  # see the module's docstring
 
     @property
     def label(self) -> str:
@@ -100,18 +108,29 @@ def read_points(path: str | Path) -> list[Point]:
     return points
 
 
-def repredict(points: list[Point], profile) -> list[Point]:
-    """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration)."""
+def _predict(p: Point, profile):
     from parsim.predict import predict
     from parsim.schedules import build
     from parsim.workload import mlp_model
 
+    return predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
+                   mlp_model(p.layers, p.hidden, p.tokens), profile, p.copy_streams, p.data_parallel)[0]
+
+
+def repredict(points: list[Point], profile) -> list[Point]:
+    """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration)."""
     out = []
     for p in points:
-        predicted, _ = predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
-                               mlp_model(p.layers, p.hidden, p.tokens), profile, p.copy_streams, p.data_parallel)
+        predicted = _predict(p, profile)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s))
     return out
+
+
+def mark_host_sensitive(points: list[Point], profile) -> list[Point]:
+    """Each point marked by whether a HOST_SWING-times slower host moves its prediction past HOST_TOLERANCE."""
+    slow = profile.with_host_slower(HOST_SWING)
+    return [replace(p, host_sensitive=_predict(p, slow).step_time_s > (1 + HOST_TOLERANCE) * _predict(p, profile)
+                    .step_time_s) for p in points]
 
 
 def summary(points: list[Point]) -> dict[str, float]:
@@ -128,15 +147,20 @@ def summary(points: list[Point]) -> dict[str, float]:
 
 def error_table(points: list[Point]) -> str:
     lines = [f"{'model':<28} {'schedule':<24} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
-             f"{'error':>7} {'speedup m/p':>13}"]
+             f"{'error':>7} {'speedup m/p':>13}  host-sensitive"]
     for p in points:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
         lines.append(f"{p.model:<28} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
-                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}{note}")
-    s = summary(points)
-    lines.append(f"\n{s['points']} points ({s['excluded']} excluded): median |error| {s['median_abs_error']:.1%}, "
-                 f"worst {s['max_abs_error']:.1%}; worst speedup error {s['max_abs_speedup_error']:.1%}")
+                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  {'yes' if p.host_sensitive else '':<3}{note}")
+    lines.append("")
+    gpu_bound = [p for p in points if not p.host_sensitive]
+    for name, part in (("all", points), ("GPU-bound (not host-sensitive)", gpu_bound)):
+        if any(not p.excluded for p in part):
+            s = summary(part)
+            lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "
+                         f"{s['median_abs_error']:.1%}, worst {s['max_abs_error']:.1%}; "
+                         f"worst speedup error {s['max_abs_speedup_error']:.1%}")
     return "\n".join(lines)
 
 
@@ -195,10 +219,14 @@ def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=Non
     """The error table, and the two plots written into out_dir (default: the CSV's folder).
 
     With a profile, the predictions are redone from it; the CSV's own predictions are left aside.
+    Host sensitivity is judged with that profile, or the shipped one.
     """
+    from parsim.profile import load_profile
+
     points = read_points(csv_path)
     if profile is not None:
         points = repredict(points, profile)
+    points = mark_host_sensitive(points, profile or load_profile())
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")

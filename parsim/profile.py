@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,14 @@ class Profile:
         notes = (["PROVISIONAL"] if self.provisional else []) + ([f"carried or unmeasured: {', '.join(carried)}"]
                                                                    if carried else [])
         return origin + (f" [{'; '.join(notes)}]" if notes else "")
+
+    def with_host_slower(self, factor: float) -> Profile:
+        """This profile with every host cost (per action, per message, per layer) times `factor`."""
+        host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor)
+        layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
+                                  for op in (c.forward, c.backward_input, c.backward_weight)))
+                  for k, c in self.layers.items()}
+        return replace(self, host=host, layers=layers)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION}
