@@ -7,7 +7,7 @@ predicted and the measured step run one program.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -115,6 +115,19 @@ def backward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...],
     if stage > 0 and stage_to_rank[stage - 1] != rank:
         acts.append(Action(Op.SEND_B, stage, mb))
     return acts
+
+
+def with_messages(compute: Iterable[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
+    """A rank's compute actions in order, each with the sends and receives it needs, placed as above."""
+    out: list[Action] = []
+    for a in compute:
+        if a.op == Op.FORWARD:
+            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
+        else:
+            out.append(a)
+    return out
 
 
 def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:

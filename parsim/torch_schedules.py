@@ -15,8 +15,7 @@ import re
 from pathlib import Path
 
 from parsim.errors import ScheduleError
-from parsim.schedules import (COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Op, Schedule, act,
-                              backward_with_messages, forward_with_messages)
+from parsim.schedules import COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Schedule, act, with_messages
 
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
@@ -67,23 +66,10 @@ def from_rows(name: str, rows: list[list[str]], microbatches: int | None = None)
         raise ScheduleError(f"{name}: stage {missing[0]} never computes")
     stage_to_rank = tuple(owner[s] for s in range(stages))
     if not any(a.op in COMM_OPS for acts in actions for a in acts):
-        actions = [_with_messages(acts, stage_to_rank) for acts in actions]
+        actions = [with_messages(acts, stage_to_rank) for acts in actions]
     if microbatches is None:
         microbatches = 1 + max(a.microbatch for acts in actions for a in acts)
     return Schedule(name, stages, microbatches, stage_to_rank, tuple(tuple(acts) for acts in actions))
-
-
-def _with_messages(acts: list[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
-    """Compute-only lists with the sends and receives they need, placed as parsim's generators do."""
-    out: list[Action] = []
-    for a in acts:
-        if a.op == Op.FORWARD:
-            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
-        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
-        else:
-            out.append(a)
-    return out
 
 
 def load_csv(path: str | Path) -> Schedule:
