@@ -42,7 +42,8 @@ def test_every_compute_action_runs_once_per_stage_and_microbatch(name):
 
 
 def test_unknown_schedule_names_the_choices():
-    with pytest.raises(ScheduleError, match="unknown schedule 'zb'; choose one of: 1f1b, gpipe, interleaved-1f1b, zb-h1"):
+    with pytest.raises(ScheduleError, match="unknown schedule 'zb'; choose one of: 1f1b, dualpipev, gpipe, interleaved-1f1b, "
+                       "looped-bfs, zb-h1, zbv"):
         build("zb", 4, 8)
 
 
