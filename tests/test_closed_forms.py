@@ -85,3 +85,15 @@ def test_zb_h1_has_a_third_of_1f1b_bubble_at_1f1b_peak_memory(p, m, free_profile
     ofob = simulate(build("1f1b", p, m), stages, free_profile).step_time_s - 3 * m * t
     assert zb == pytest.approx(ofob / 3)
     assert max(peak_stashed_microbatches(build("zb-h1", p, m))) == max(peak_stashed_microbatches(build("1f1b", p, m)))
+
+
+def test_a_gpus_peak_is_what_its_stages_hold_together_not_the_sum_of_their_peaks(free_profile):
+    """ZB-V's stages r and 2p-1-r peak at 2p-r and r+1 chunk-micro-batches, but never at once."""
+    p, m = 4, 8
+    model = mlp_model(layers=2 * p, hidden=64, tokens=64 * m)
+    schedule = build("zbv", p, m)
+    prediction, _ = predict(schedule, model, free_profile)
+    per_mb = model.layers[0].stash_bytes_per_token * (model.tokens // m)  # one layer per stage
+    stage_peaks = peak_stashed_microbatches(schedule)
+    assert [stage_peaks[r] + stage_peaks[2 * p - 1 - r] for r in range(p)] == [2 * p + 1] * p
+    assert [g.peak_activation_bytes for g in prediction.per_gpu] == [2 * p * per_mb] * p
