@@ -143,8 +143,8 @@ def place_messages(compute: list[list[Action]], stage_to_rank: tuple[int, ...]) 
     for rank, acts in enumerate(actions):
         for a in acts:
             if a.op == Op.SEND_F or a.op == Op.SEND_B:
-                recv = Action(Op.RECV_F, a.stage + 1, a.microbatch) if a.op == Op.SEND_F else \
-                    Action(Op.RECV_B, a.stage - 1, a.microbatch)
+                recv = act(Op.RECV_F, a.stage + 1, a.microbatch) if a.op == Op.SEND_F else \
+                    act(Op.RECV_B, a.stage - 1, a.microbatch)
                 sent.setdefault((rank, stage_to_rank[recv.stage]), []).append(recv)
     return tuple(_receive_in_send_order(acts, rank, sent, stage_to_rank) for rank, acts in enumerate(actions))
 
@@ -291,14 +291,14 @@ class _RankOrder:
         return self.next[kind, stage]
 
     def forward(self, stage: int) -> None:
-        self.actions.append(Action(Op.FORWARD, stage, self._take(Op.FORWARD, stage)))
+        self.actions.append(act(Op.FORWARD, stage, self._take(Op.FORWARD, stage)))
 
     def backward(self, stage: int, split: bool = True) -> None:
         """The next backward on `stage`: its input-grad, with the weight-grad left waiting, or whole (B)."""
         i = self._take(Op.BACKWARD, stage)
-        self.actions.append(Action(Op.BACKWARD_INPUT if split else Op.BACKWARD, stage, i))
+        self.actions.append(act(Op.BACKWARD_INPUT if split else Op.BACKWARD, stage, i))
         if split:
-            self.waiting.append(Action(Op.BACKWARD_WEIGHT, stage, i))
+            self.waiting.append(act(Op.BACKWARD_WEIGHT, stage, i))
 
     def weight(self, stage: int | None = None) -> None:
         """Run the oldest waiting weight-grad (of `stage`, where given), if there is one."""
@@ -432,8 +432,8 @@ def looped_bfs(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -
     ranks = []
     for r in range(p):
         stages = range(r, p * v, p)
-        compute = [Action(Op.FORWARD, s, i) for s in stages for i in range(m)]
-        ranks.append(compute + [Action(Op.BACKWARD, s, i) for s in reversed(stages) for i in reversed(range(m))])
+        compute = [act(Op.FORWARD, s, i) for s in stages for i in range(m)]
+        ranks.append(compute + [act(Op.BACKWARD, s, i) for s in reversed(stages) for i in reversed(range(m))])
     return Schedule("looped-bfs", p * v, m, owner, place_messages(ranks, owner))
 
 
