@@ -13,7 +13,7 @@ from parsim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
-from parsim.schedules import SCHEDULES, VIRTUAL, build, schedule_name
+from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
 from parsim.workload import Model, load_model, mlp_model, parse_mlp_spec
 
 
@@ -115,7 +115,8 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     # predict passes --virtual-stages on, so a schedule that has none refuses it; sweep mixes
     # schedules, so there it applies to the interleaved ones only
     virtual = args.virtual_stages if schedule in VIRTUAL or args.command == "predict" else None
-    estimate = 4 * args.gpus * (virtual or 1) * microbatches  # compute, sends and receives per stage
+    per_gpu = virtual or (2 if schedule in V_SHAPED else 1)  # stages
+    estimate = 4 * args.gpus * per_gpu * microbatches  # compute, sends and receives per stage
     if estimate > MAX_ACTIONS:
         raise ParsimError(f"{args.gpus} GPUs x {microbatches} micro-batches is about {estimate:,} actions, "
                           f"past the {MAX_ACTIONS:,} this tool simulates (minutes each); use fewer")

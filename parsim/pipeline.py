@@ -183,3 +183,22 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
                 held[a.stage] -= 1
     return peak
 
+
+
+def peak_held_bytes(schedule: Schedule, stash_bytes: list[int]) -> list[int]:
+    """Per rank, the most activation bytes its stages hold at once, read off its program order.
+
+    A rank with several stages holds less than the sum of their peaks where those do not coincide
+    (ZB-V's two stages peak at 2p+1 chunk-micro-batches together, but hold at most 2p at once).
+    """
+    peaks = []
+    for acts in schedule.actions:
+        held = peak = 0
+        for a in acts:
+            if a.op == ActionOp.FORWARD:
+                held += stash_bytes[a.stage]
+                peak = max(peak, held)
+            elif a.op in (ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT):
+                held -= stash_bytes[a.stage]
+        peaks.append(peak)
+    return peaks

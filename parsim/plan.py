@@ -1,7 +1,7 @@
 """Search configurations for a model and GPU count; rank them by predicted step time.
 
-Candidates: every schedule, power-of-two micro-batch counts, virtual stages 2 and 4 for
-interleaving, and every data-parallel degree that divides the GPUs.
+Candidates: every schedule, power-of-two micro-batch counts, virtual stages 2 and 4 for the
+schedules that take them, and every data-parallel degree that divides the GPUs.
 
 Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer
 state, taken as mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients,
@@ -10,12 +10,13 @@ fp32 master weights and two moments).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from parsim.errors import ParsimError
+from parsim.errors import ParsimError, ScheduleError
 from parsim.predict import Prediction, predict
 from parsim.profile import Profile
-from parsim.schedules import SCHEDULES, VIRTUAL, build
+from parsim.schedules import SCHEDULES, VIRTUAL, Schedule, build
 from parsim.workload import Model, partition
 
 OPTIMIZER_BYTES_PER_PARAM = 16
@@ -51,16 +52,21 @@ def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
     return [m for m in (1 << k for k in range(most.bit_length())) if m <= most and tokens and tokens % m == 0]
 
 
-def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, data_parallel: bool):
-    """(schedule, pipeline GPUs, micro-batches, virtual stages, replicas) that can run."""
+def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, data_parallel: bool,
+            ) -> Iterator[tuple[str, Schedule, int, int]]:
+    """(name, schedule, virtual stages, replicas) that can run: sizes the generator accepts, no more
+    stages than layers, and several stages per GPU only where there are several GPUs."""
     for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if data_parallel else (1,):
         pp = gpus // dp
         for name in names:
             for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
-                for v in ((2, 4) if name in VIRTUAL else (1,)):
-                    interleaving_pointless = name in VIRTUAL and (pp == 1 or m % pp)
-                    if pp * v <= len(model.layers) and not interleaving_pointless:
-                        yield name, pp, m, v, dp
+                for v in ((2, 4) if name in VIRTUAL else (None,)):
+                    try:
+                        schedule = build(name, pp, m, v)
+                    except ScheduleError:
+                        continue  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
+                    if schedule.num_stages <= len(model.layers) and (pp > 1 or schedule.num_stages == 1):
+                        yield name, schedule, v or 1, dp
 
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
@@ -71,13 +77,12 @@ def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] |
     """
     dp_ok = data_parallel and "allreduce" in profile.collectives
     out = []
-    for name, pp, m, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
-        schedule = build(name, pp, m, v if name in VIRTUAL else None)
+    for name, schedule, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
         prediction, _ = predict(schedule, model, profile, data_parallel=dp)
-        params = params_per_gpu(model, pp, schedule.num_stages, schedule.stage_to_rank) * dp
+        params = params_per_gpu(model, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
         memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
                      for g, n in zip(prediction.per_gpu, params))
-        out.append(Candidate(name, m, v, dp, prediction, memory))
+        out.append(Candidate(name, schedule.num_microbatches, v, dp, prediction, memory))
     return out
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from parsim.machine import Machine, Op, gc_paused
 from parsim.dataparallel import add_gradient_allreduce, gradient_buckets
-from parsim.pipeline import compute_track, finish_step, lower, peak_stashed_microbatches
+from parsim.pipeline import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
 from parsim.schedules import Schedule, gpipe
 from parsim.validate import validate
@@ -100,12 +100,12 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
     for op in sim.ops:
         if op.track in tracks:
             busy[tracks[op.track]] += op.end_s - op.start_s
-    stashed = peak_stashed_microbatches(schedule)
+    held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
     per_gpu = []
     for g in range(gpus):
-        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == g % schedule.num_ranks)
-        peak = sum(stashed[s] * costs[s].stash_bytes for s in stages)
-        per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, peak))
+        rank = g % schedule.num_ranks
+        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+        per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
     prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
                             sim.step_time_s, single_gpu_step_s(model, profile), model.tokens,
                             tuple(per_gpu), profile.describe(), data_parallel)

@@ -7,7 +7,8 @@ predicted and the measured step run one program.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -117,6 +118,57 @@ def backward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...],
     return acts
 
 
+def with_messages(compute: Iterable[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
+    """A rank's compute actions in order, each with the sends and receives it needs, placed as above."""
+    out: list[Action] = []
+    for a in compute:
+        if a.op == Op.FORWARD:
+            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
+        else:
+            out.append(a)
+    return out
+
+
+def place_messages(compute: list[list[Action]], stage_to_rank: tuple[int, ...]) -> tuple[tuple[Action, ...], ...]:
+    """Every rank's compute order with its messages: as with_messages places them, but a receive moves
+    earlier where a message sent before it on the same channel is consumed later, so that each rank
+    receives a channel's messages in the order they are sent (NCCL matches them in order).
+
+    Needed where a channel carries two streams of messages, as between the two arms of a V.
+    """
+    actions = [with_messages(acts, stage_to_rank) for acts in compute]
+    sent: dict[tuple[int, int], list[Action]] = {}  # (src, dst) -> the receives, in send order
+    for rank, acts in enumerate(actions):
+        for a in acts:
+            if a.op == Op.SEND_F or a.op == Op.SEND_B:
+                recv = act(Op.RECV_F, a.stage + 1, a.microbatch) if a.op == Op.SEND_F else \
+                    act(Op.RECV_B, a.stage - 1, a.microbatch)
+                sent.setdefault((rank, stage_to_rank[recv.stage]), []).append(recv)
+    return tuple(_receive_in_send_order(acts, rank, sent, stage_to_rank) for rank, acts in enumerate(actions))
+
+
+def _receive_in_send_order(acts: list[Action], rank: int, sent: dict[tuple[int, int], list[Action]],
+                           stage_to_rank: tuple[int, ...]) -> tuple[Action, ...]:
+    """A rank's actions where each receive first brings forward the receives sent before it on its channel.
+
+    A receive that nothing sends stays where it is, for the validator to name.
+    """
+    channel = {recv: (src, k) for (src, dst), recvs in sent.items() if dst == rank for k, recv in enumerate(recvs)}
+    taken = {src: 0 for src, dst in sent if dst == rank}  # per channel into this rank: receives placed so far
+    out: list[Action] = []
+    for a in acts:
+        if a not in channel:
+            out.append(a)  # compute, a send, or a receive that nothing sends
+            continue
+        src, k = channel[a]
+        if k >= taken[src]:  # not brought forward already
+            out += sent[src, rank][taken[src]:k + 1]
+            taken[src] = k + 1
+    return tuple(out)
+
+
 def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     """GPipe (fill-drain): all forwards, then all backwards; stage s on rank s.
 
@@ -217,13 +269,185 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
     return Schedule("zb-h1", p, m, owner, tuple(ranks))
 
 
+def v_stage_to_rank(num_ranks: int) -> tuple[int, ...]:
+    """V-shaped placement of 2p stages: rank r hosts stages r and 2p-1-r, so rank 0 holds the first and the last."""
+    return tuple(s if s < num_ranks else 2 * num_ranks - 1 - s for s in range(2 * num_ranks))
+
+
+class _RankOrder:
+    """One rank's compute actions as a schedule lays them down, in order.
+
+    Each kind of action on a stage takes that stage's next micro-batch; a split backward runs
+    the input-grad I now and leaves its weight-grad W waiting until asked for.
+    """
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self.next: Counter[tuple[str, int]] = Counter()  # (F or backward, stage) -> next micro-batch
+        self.waiting: list[Action] = []  # weight-grads whose input-grad has run, oldest first
+
+    def done(self, kind: str, stage: int) -> int:
+        """How many micro-batches have had their forward (F) or backward (B: whole or I) on `stage`."""
+        return self.next[kind, stage]
+
+    def forward(self, stage: int) -> None:
+        self.actions.append(act(Op.FORWARD, stage, self._take(Op.FORWARD, stage)))
+
+    def backward(self, stage: int, split: bool = True) -> None:
+        """The next backward on `stage`: its input-grad, with the weight-grad left waiting, or whole (B)."""
+        i = self._take(Op.BACKWARD, stage)
+        self.actions.append(act(Op.BACKWARD_INPUT if split else Op.BACKWARD, stage, i))
+        if split:
+            self.waiting.append(act(Op.BACKWARD_WEIGHT, stage, i))
+
+    def weight(self, stage: int | None = None) -> None:
+        """Run the oldest waiting weight-grad (of `stage`, where given), if there is one."""
+        w = next((w for w in self.waiting if stage is None or w.stage == stage), None)
+        if w is not None:
+            self.waiting.remove(w)
+            self.actions.append(w)
+
+    def all_weights(self, stage: int) -> None:
+        """Run every weight-grad still waiting on `stage`, oldest first."""
+        while any(w.stage == stage for w in self.waiting):
+            self.weight(stage)
+
+    def _take(self, kind: str, stage: int) -> int:
+        i = self.next[kind, stage]
+        self.next[kind, stage] = i + 1
+        return i
+
+
+def zbv(num_ranks: int, num_microbatches: int) -> Schedule:
+    """ZB-V (Qi et al., 2024): two stages per GPU placed in a V, backward split into I and W.
+
+    Rank r hosts stage r (going down the V) and stage 2p-1-r (coming back up), so the last
+    stage's output turns around on rank 0 and every rank sees each micro-batch twice. Warm-up:
+    rank r runs 2(p-r)-1 forwards down, then r pairs up-down, then p-r times F, I, W up;
+    steady state: F, I, W down then up; cool-down: r pairs of input-grads (down, up) with the
+    weight-grads held back, p-r more down each with one held weight-grad, then the rest. Rank r
+    holds at most 2p chunk-micro-batches of activations, 1F1B's p whole-stage ones, and with
+    T_F = T_I = T_W the step is the lower bound 2m(T_F+T_I+T_W) + (p-1)T_F (per-chunk times)
+    once m >= (3p-1)/2: rank p-1 waits (p-1)T_F for its first input, then never idles. (The
+    paper's "zero bubble" is across steps, where the next step's forwards fill that wait.)
+    Planned as for at least 2p-1 micro-batches (a full V), as torch's ScheduleZBVZeroBubble is,
+    with the actions of micro-batches beyond m left out.
+    """
+    _check_sizes(num_ranks, num_microbatches)
+    p, m, owner = num_ranks, num_microbatches, v_stage_to_rank(num_ranks)
+    n = max(m, 2 * p - 1)
+    ranks = []
+    for r in range(p):
+        down, up, order = r, 2 * p - 1 - r, _RankOrder()
+        for _ in range(2 * (p - r) - 1):
+            order.forward(down)
+        for _ in range(r):
+            order.forward(up)
+            order.forward(down)
+        for _ in range(p - r):
+            _zbv_forward_backward(order, up)
+        while order.done(Op.FORWARD, up) < n:
+            if order.done(Op.FORWARD, down) < n:
+                order.forward(down)
+            order.backward(down)
+            order.weight(down)
+            _zbv_forward_backward(order, up)
+        for _ in range(r):
+            order.backward(down)
+            order.backward(up)
+        for _ in range(p - r):
+            order.backward(down)
+            order.weight(down)
+        order.all_weights(up)
+        order.all_weights(down)
+        ranks.append([a for a in order.actions if a.microbatch < m])
+    return Schedule("zbv", 2 * p, m, owner, place_messages(ranks, owner))
+
+
+def _zbv_forward_backward(order: _RankOrder, stage: int) -> None:
+    """F, I and W on `stage`: the forward of its next micro-batch, the backward of its oldest."""
+    order.forward(stage)
+    order.backward(stage)
+    order.weight(stage)
+
+
+def dualpipev(num_ranks: int, num_microbatches: int) -> Schedule:
+    """DualPipeV (DeepSeek-V3's DualPipe folded into a V, as torch's ScheduleDualPipeV runs it).
+
+    Stages placed as ZB-V's. Rank r runs 2(p-r-1) forwards down, r+1 pairs down-up, p-r-1
+    times I, W, F up; then its main phase pairs a forward of one stage with a whole backward
+    of the other (F down, B up, F up, B down), which DualPipe overlaps to hide its MoE
+    all-to-alls (parsim has none, so each pair runs in order); then p-r-1 times B up, F up,
+    B down. In the cool-down the first half of the remaining 2(r+1) backwards run whole and the
+    second half split, whose held weight-grads then fill the tail. Needs m >= 2p, as DeepSeek's
+    and torch's do: rank 0 alone runs 2p-1 forwards before its first backward.
+    """
+    _check_sizes(num_ranks, num_microbatches)
+    p, m, owner = num_ranks, num_microbatches, v_stage_to_rank(num_ranks)
+    if m < 2 * p:
+        raise ScheduleError(f"DualPipeV needs at least two micro-batches per GPU (2p = {2 * p}), got {m}")
+    ranks = []
+    for r in range(p):
+        down, up, order = r, 2 * p - 1 - r, _RankOrder()
+        for _ in range(2 * (p - r - 1)):
+            order.forward(down)
+        for _ in range(r + 1):
+            order.forward(down)
+            order.forward(up)
+        for _ in range(p - r - 1):
+            order.backward(up)
+            order.weight()
+            order.forward(up)
+        for _ in range(m - 2 * p + r + 1):
+            order.forward(down)
+            order.backward(up, split=False)
+            order.forward(up)
+            order.backward(down, split=False)
+        for _ in range(p - r - 1):
+            order.backward(up, split=False)
+            order.forward(up)
+            order.backward(down, split=False)
+        for k, stage in enumerate([up, down] * (r + 1)):
+            order.backward(stage, split=k >= r + 1)
+        for _ in range(p - r - 1):
+            order.weight()
+            order.backward(down)
+        for _ in range(r + 1):
+            order.weight()
+        ranks.append(order.actions)
+    return Schedule("dualpipev", 2 * p, m, owner, place_messages(ranks, owner))
+
+
+def looped_bfs(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
+    """Looped BFS (Lamy-Poirier, 2022; torch's ScheduleLoopedBFS): v stages per GPU, stage s on rank s mod p.
+
+    Breadth first: a rank runs every micro-batch's forward on its first stage, then on its
+    next, ...; then the backwards, last stage first, each stage's micro-batches newest first.
+    Every stage holds all m micro-batches (GPipe's memory); with free communication and m >= p
+    the step is interleaved 1F1B's, m(T_F+T_B) + (p-1)(T_F+T_B)/v.
+    """
+    _check_sizes(num_ranks, num_microbatches, virtual_stages)
+    p, m, v = num_ranks, num_microbatches, virtual_stages
+    owner = tuple(s % p for s in range(p * v))
+    ranks = []
+    for r in range(p):
+        stages = range(r, p * v, p)
+        compute = [act(Op.FORWARD, s, i) for s in stages for i in range(m)]
+        ranks.append(compute + [act(Op.BACKWARD, s, i) for s in reversed(stages) for i in reversed(range(m))])
+    return Schedule("looped-bfs", p * v, m, owner, place_messages(ranks, owner))
+
+
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
+    "zbv": zbv,
+    "dualpipev": dualpipev,
+    "looped-bfs": looped_bfs,
 }
-VIRTUAL = {"interleaved-1f1b"}  # schedules that take virtual_stages
+VIRTUAL = {"interleaved-1f1b", "looped-bfs"}  # schedules that take virtual_stages
+V_SHAPED = {"zbv", "dualpipev"}  # two stages per GPU, placed by v_stage_to_rank
 
 
 TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule
@@ -260,7 +484,8 @@ def build(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int 
         raise ScheduleError(f"unknown schedule {name!r}; choose one of: {known}")
     if key in VIRTUAL:
         return SCHEDULES[key](num_ranks, num_microbatches, virtual_stages or 2)
-    if virtual_stages not in (None, 1):
-        raise ScheduleError(f"{key} runs one stage per GPU; --virtual-stages applies to "
-                            f"{', '.join(sorted(VIRTUAL))}")
+    per_rank = 2 if key in V_SHAPED else 1
+    if virtual_stages not in (None, per_rank):
+        raise ScheduleError(f"{key} runs {'two stages' if per_rank == 2 else 'one stage'} per GPU; "
+                            f"--virtual-stages applies to {', '.join(sorted(VIRTUAL))}")
     return SCHEDULES[key](num_ranks, num_microbatches)

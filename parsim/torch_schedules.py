@@ -6,7 +6,8 @@ actions such as `0F1`, `2SEND_B0`, `(0F3;3B1)OVERLAP_F_B`; no torch needed). Act
 for FSDP (UNSHARD, RESHARD, REDUCE_GRAD) cost nothing in parsim's model and are dropped; an
 overlapped forward-backward pair runs as its two actions in order. Where the lists carry no
 sends and receives, they are added as parsim's own generators place them: a receive just before
-the compute that needs it, a send just after the compute that produced it.
+the compute that needs it (or earlier, so that a channel's messages arrive in the order they are
+sent), a send just after the compute that produced it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import re
 from pathlib import Path
 
 from parsim.errors import ScheduleError
-from parsim.schedules import (COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Op, Schedule, act,
-                              backward_with_messages, forward_with_messages)
+from parsim.schedules import COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Schedule, act, place_messages
 
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
@@ -66,24 +66,11 @@ def from_rows(name: str, rows: list[list[str]], microbatches: int | None = None)
     if missing:
         raise ScheduleError(f"{name}: stage {missing[0]} never computes")
     stage_to_rank = tuple(owner[s] for s in range(stages))
-    if not any(a.op in COMM_OPS for acts in actions for a in acts):
-        actions = [_with_messages(acts, stage_to_rank) for acts in actions]
+    compute_only = not any(a.op in COMM_OPS for acts in actions for a in acts)
+    placed = place_messages(actions, stage_to_rank) if compute_only else tuple(tuple(acts) for acts in actions)
     if microbatches is None:
-        microbatches = 1 + max(a.microbatch for acts in actions for a in acts)
-    return Schedule(name, stages, microbatches, stage_to_rank, tuple(tuple(acts) for acts in actions))
-
-
-def _with_messages(acts: list[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
-    """Compute-only lists with the sends and receives they need, placed as parsim's generators do."""
-    out: list[Action] = []
-    for a in acts:
-        if a.op == Op.FORWARD:
-            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
-        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
-        else:
-            out.append(a)
-    return out
+        microbatches = 1 + max(a.microbatch for acts in placed for a in acts)
+    return Schedule(name, stages, microbatches, stage_to_rank, placed)
 
 
 def load_csv(path: str | Path) -> Schedule:

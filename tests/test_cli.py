@@ -81,3 +81,11 @@ def test_model_file_drives_the_prediction(tmp_path, capsys):
     path.write_text(json.dumps({"tokens": 1024, "layers": [{"kind": "mlp", "hidden": 512, "count": 6}]}))
     assert main(["predict", "--gpus", "3", "--microbatches", "4", "--model", str(path), "--json"]) == 0
     assert "6 x mlp(h=512), 1024 tokens" in json.loads(capsys.readouterr().out)["model"]
+
+
+@pytest.mark.parametrize("argv", [["--schedule", "zbv"], ["--schedule", "dualpipev"],
+                                  ["--schedule", "looped-bfs", "--virtual-stages", "2"]])
+def test_predict_runs_the_v_shaped_and_breadth_first_schedules(argv, capsys):
+    assert main(["predict", *argv, "--gpus", "4", "--microbatches", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [g["stages"] for g in out["per_gpu"]][0] == ([0, 7] if argv[1] != "looped-bfs" else [0, 4])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import equal_stages
 
-from parsim.pipeline import peak_stashed_microbatches
+from parsim.pipeline import peak_held_bytes, peak_stashed_microbatches
 from parsim.predict import predict, simulate
 from parsim.workload import StageCost, Work
 from parsim.schedules import build
@@ -85,3 +85,63 @@ def test_zb_h1_has_a_third_of_1f1b_bubble_at_1f1b_peak_memory(p, m, free_profile
     ofob = simulate(build("1f1b", p, m), stages, free_profile).step_time_s - 3 * m * t
     assert zb == pytest.approx(ofob / 3)
     assert max(peak_stashed_microbatches(build("zb-h1", p, m))) == max(peak_stashed_microbatches(build("1f1b", p, m)))
+
+
+def test_a_gpus_peak_is_what_its_stages_hold_together_not_the_sum_of_their_peaks(free_profile):
+    """ZB-V's stages r and 2p-1-r peak at 2p-r and r+1 chunk-micro-batches, but never at once."""
+    p, m = 4, 8
+    model = mlp_model(layers=2 * p, hidden=64, tokens=64 * m)
+    schedule = build("zbv", p, m)
+    prediction, _ = predict(schedule, model, free_profile)
+    per_mb = model.layers[0].stash_bytes_per_token * (model.tokens // m)  # one layer per stage
+    stage_peaks = peak_stashed_microbatches(schedule)
+    assert [stage_peaks[r] + stage_peaks[2 * p - 1 - r] for r in range(p)] == [2 * p + 1] * p
+    assert [g.peak_activation_bytes for g in prediction.per_gpu] == [2 * p * per_mb] * p
+
+
+def _split_stages(n: int, t_f: float, t_i: float, t_w: float) -> list[StageCost]:
+    return [StageCost(Work(t_f, 0, 1), Work(t_i, 0, 1), Work(t_w, 0, 1), 1, 1) for _ in range(n)]
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("t", [1.0, 0.003])
+def test_zbv_step_is_its_lower_bound_when_forward_input_and_weight_grad_take_alike(p, t, free_profile):
+    """Per chunk T_F = T_I = T_W = t: rank p-1 cannot start before the first micro-batch has crossed
+    p-1 chunks ((p-1)t), then has 2m chunk passes of 3t to run; ZB-V idles no more, once
+    m >= (3p-1)/2. (The paper's zero bubble counts across steps, where the next step's forwards
+    would fill that first wait; parsim simulates one step, ended by a sync.)"""
+    for m in range((3 * p) // 2, 3 * p + 2):
+        sim = simulate(build("zbv", p, m), _split_stages(2 * p, t, t, t), free_profile)
+        assert sim.step_time_s == pytest.approx(6 * m * t + (p - 1) * t, rel=1e-12), f"m={m}"
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (4, 16)])
+def test_zbv_idles_half_as_long_as_zb_h1_at_1f1b_peak_memory(p, m, free_profile):
+    """Stages of 2t per pass on ZB-H1 (chunks of t on ZB-V): ZB-H1 idles (p-1)(T_F+T_I-T_W) = 2(p-1)t,
+    ZB-V (p-1)t; each GPU holds 2p half-stage micro-batches at most, 1F1B's p whole ones."""
+    t = 1.0
+    zbv = simulate(build("zbv", p, m), _split_stages(2 * p, t, t, t), free_profile).step_time_s - 6 * m * t
+    zb = simulate(build("zb-h1", p, m), _split_stages(p, 2 * t, 2 * t, 2 * t), free_profile).step_time_s - 6 * m * t
+    assert zbv == pytest.approx((p - 1) * t) and zb == pytest.approx(2 * (p - 1) * t)
+    half_stages = peak_held_bytes(build("zbv", p, m), [1] * (2 * p))
+    assert half_stages == [2 * p] * p and max(peak_stashed_microbatches(build("1f1b", p, m))) == p
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_dualpipev_step_is_its_lower_bound_when_forward_input_and_weight_grad_take_alike(p, free_profile):
+    """The same bound as ZB-V's, from m = 2p on: its whole backwards (2t) pair with forwards
+    and the split ones' weight-grads fill the tail."""
+    t = 1.0
+    for m in range(2 * p, 4 * p + 1):
+        sim = simulate(build("dualpipev", p, m), _split_stages(2 * p, t, t, t), free_profile)
+        assert sim.step_time_s == pytest.approx(6 * m * t + (p - 1) * t, rel=1e-12), f"m={m}"
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (4, 2), (4, 4), (3, 3), (1, 2), (4, 1)])
+def test_looped_bfs_has_interleavings_step_once_there_are_p_microbatches(p, v, free_profile):
+    """Breadth first, rank 0 is busy with its first chunk until the first micro-batch comes back round
+    (m >= p), so forwards never stall; the backwards run the same way back: m(t_f+t_b) + (p-1)(t_f+t_b)/v."""
+    t_f, t_b = 1.0, 2.0
+    for m in range(p, 3 * p + 1):
+        sim = simulate(build("looped-bfs", p, m, v), equal_stages(p * v, t_f / v, t_b / v), free_profile)
+        assert sim.step_time_s == pytest.approx(m * (t_f + t_b) + (p - 1) * (t_f + t_b) / v, rel=1e-12)

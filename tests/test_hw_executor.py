@@ -37,6 +37,7 @@ def _reference(model):
     ("gpipe", 2, 3, None), ("1f1b", 2, 4, None), ("gpipe", 4, 2, None), ("1f1b", 4, 6, None),
     ("interleaved-1f1b", 2, 2, 2), ("zb-h1", 2, 3, None), ("zb-h1", 4, 6, None),
     ("torch:ZBVZeroBubble", 2, 4, None), ("torch:DualPipeV", 2, 4, None),
+    ("zbv", 2, 4, None), ("zbv", 2, 2, None), ("dualpipev", 2, 4, None), ("looped-bfs", 2, 3, 2),
 ])
 def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, microbatches, virtual):
     schedule = build(name, ranks, microbatches, virtual)

@@ -10,7 +10,7 @@ from conftest import make_profile
 
 from parsim.plan import OPTIMIZER_BYTES_PER_PARAM, candidates, params_per_gpu, plan
 from parsim.predict import predict
-from parsim.schedules import build
+from parsim.schedules import VIRTUAL, build
 from parsim.workload import mlp_model
 
 MODEL = mlp_model(layers=8, hidden=64, tokens=256)
@@ -24,7 +24,7 @@ def test_plan_ranks_every_runnable_configuration_by_step_time():
     assert times == sorted(times)
     best = fits[0]
     again, _ = predict(build(best.schedule, 4 // best.data_parallel, best.microbatches,
-                             best.virtual_stages if best.schedule == "interleaved-1f1b" else None), MODEL, profile,
+                             best.virtual_stages if best.schedule in VIRTUAL else None), MODEL, profile,
                        data_parallel=best.data_parallel)
     assert again.step_time_s == pytest.approx(best.prediction.step_time_s)
 
@@ -63,3 +63,12 @@ def test_plan_tries_data_parallel_degrees_when_the_profile_costs_an_allreduce():
     degrees = {c.data_parallel for c in candidates(MODEL, 4, profile)}
     assert degrees == {1, 2, 4}
     assert {c.data_parallel for c in candidates(MODEL, 4, make_profile())} == {1}
+
+
+def test_plan_searches_the_v_shaped_and_breadth_first_schedules_where_their_sizes_allow():
+    found = candidates(MODEL, 4, make_profile(), ["zbv", "dualpipev", "looped-bfs"], max_microbatches=16)
+    labels = {c.label for c in found}
+    assert {"zbv m=1", "zbv m=16", "dualpipev m=8", "dualpipev m=16", "looped-bfs m=4, v=2"} <= labels
+    assert "dualpipev m=4" not in labels  # DualPipeV needs m >= 2p
+    assert not any(c.label.startswith("looped-bfs") and c.virtual_stages == 4 for c in found)  # 16 stages > 8 layers
+    assert {c.prediction.gpus for c in found} == {4}

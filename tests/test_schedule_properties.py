@@ -12,29 +12,41 @@ from hypothesis import strategies as st
 from parsim.dataflow import issue_waits
 from parsim.pipeline import peak_stashed_microbatches
 from parsim.predict import simulate
-from parsim.schedules import SCHEDULES, VIRTUAL, Op, build
+from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, Op, build
 from parsim.validate import validate
 
 sizes = st.tuples(st.integers(1, 9), st.integers(1, 24), st.integers(1, 4))
 
 
 def make(name: str, p: int, m: int, v: int):
-    """The schedule at these sizes, adapted to what it accepts (interleaving: m a multiple of p, v >= 2)."""
-    if name in VIRTUAL:
+    """The schedule at these sizes, adapted to what it accepts (interleaving: m a multiple of p;
+    several stages per GPU: v >= 2; DualPipeV: m >= 2p)."""
+    if name == "interleaved-1f1b":
         return build(name, p, p * max(1, m // p), v + 1)
+    if name in VIRTUAL:
+        return build(name, p, m, v + 1)
+    if name == "dualpipev":
+        return build(name, p, max(m, 2 * p))
     return build(name, p, m)
 
 
 def memory_bound(name: str, p: int, m: int, stage: int, v: int) -> int:
     """Micro-batches a stage may hold at once, as each schedule promises."""
-    if name == "gpipe":
+    if name in ("gpipe", "looped-bfs"):
         return m
     if name == "1f1b":
         return min(p - stage, m)
     if name == "zb-h1":
         return min(p, m)
+    if name in V_SHAPED:  # stage s: 2p-s, so each rank's two stages hold 2p+1 chunk-micro-batches
+        return min(2 * p - stage, m)
     rank = stage % p  # interleaved: at most warm-up + 1 chunk-micro-batches on its rank
     return min((p - rank - 1) * 2 + (v - 1) * p + 1, m)
+
+
+BACKWARD_FORMS = {  # how each schedule runs a (stage, micro-batch)'s backward: whole B, I + W, or either
+    "zb-h1": {(0, 1, 1)}, "zbv": {(0, 1, 1)}, "dualpipev": {(1, 0, 0), (0, 1, 1)},
+}
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -42,10 +54,14 @@ def memory_bound(name: str, p: int, m: int, stage: int, v: int) -> int:
 @settings(max_examples=40, deadline=None)
 def test_each_forward_and_backward_runs_once_per_stage_and_microbatch(name, size):
     s = make(name, *size)
-    ops = (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) if name == "zb-h1" else (Op.FORWARD, Op.BACKWARD)
     counts = Counter((a.op, a.stage, a.microbatch) for acts in s.actions for a in acts if a.is_compute)
-    assert counts == Counter({(op, st_, i): 1 for op in ops
-                              for st_ in range(s.num_stages) for i in range(s.num_microbatches)})
+    forms = BACKWARD_FORMS.get(name, {(1, 0, 0)})
+    for st_ in range(s.num_stages):
+        for i in range(s.num_microbatches):
+            assert counts.pop((Op.FORWARD, st_, i)) == 1
+            assert tuple(counts.pop((op, st_, i), 0) for op in (Op.BACKWARD, Op.BACKWARD_INPUT,
+                                                                 Op.BACKWARD_WEIGHT)) in forms
+    assert not counts  # nothing else
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -75,6 +91,8 @@ def test_simulation_ends_no_sooner_than_the_closed_form_lower_bound(name, size, 
     step = simulate(s, equal_stages(p * v, t_f / v, t_b / v), profile).step_time_s
     if name == "zb-h1":  # input- and weight-grad each take t_b / 2
         bound = m * (t_f + t_b) + (p - 1) * t_f
+    elif name in V_SHAPED:  # rank p-1 waits for p-1 chunk forwards, then has all its work to do
+        bound = m * (t_f + t_b) + (p - 1) * t_f / v
     else:
         bound = (m + (p - 1) / v) * (t_f + t_b)
     assert step >= bound * (1 - 1e-12)
