@@ -164,26 +164,55 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
-SUSTAINED_HEAT = 600  # large matmuls before the hot timing: ~1 s of full load, as long as hw measure's timed steps
+IN_STEP = (16, 2048, 8192)  # layers, hidden, tokens: the grid's compute-bound model, one micro-batch
 
 
-def sustained_load(device: torch.device, dtype: torch.dtype) -> dict:
-    """How much slower compute-bound layers run after ~1 s of full load than fresh from idle.
+def _chain_probe_s(device: torch.device, dtype: torch.dtype, hidden: int, tokens: int) -> float:
+    """Forward plus full backward of one layer, timed as layer_samples times it (a chain, fresh from idle)."""
+    stack = torch.nn.Sequential(*(MlpBlock(hidden) for _ in range(LAYER_DEPTH))).to(device, dtype)
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
+    y = stack(x)
+    g, params = torch.randn_like(y), list(stack.parameters())
+    forward = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5)
+    backward = gpu_time_s(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True), device, batch=2, repeat=5)
+    return (forward + backward) / LAYER_DEPTH
 
-    A GPU at its power limit lowers its clocks: on an H200 a training step's kernels ran ~10% slower
-    than the same kernels timed in short bursts. The factor scales every layer cost (1 on the CPU).
+
+def in_step_slowdown(device: torch.device, dtype: torch.dtype) -> dict:
+    """How much slower a layer runs inside hw's real step than in calibrate's short chain probe.
+
+    Timed in situ (CUDA events around the forward and backward actions of hw's own executor, ~1 s
+    of steps) against the chain probe at the same shape, fresh from idle. It covers the lower clocks
+    of a GPU under sustained load and what a real step adds (on an H200, chain probes after ~1 s of
+    matmuls were 6-7% slower than fresh, and in situ another 6-7%: data/validation/h200-2026-11-23-gpu-spans.json).
+    The factor scales every layer cost (1 on the CPU).
     """
     if device.type != "cuda":
         return {"factor": 1.0}
-    stack = torch.nn.Sequential(*(MlpBlock(2048) for _ in range(LAYER_DEPTH))).to(device, dtype)
-    x = torch.randn(8192, 2048, device=device, dtype=dtype)
-    fresh = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5)
-    hot = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5, heat=SUSTAINED_HEAT)
-    return {"fresh_s": fresh, "hot_s": hot, "heat_matmuls": SUSTAINED_HEAT, "factor": max(hot / fresh, 1.0)}
+    from hw.executor import StageRunner, make_batch, split_batch
+    from hw.measure import ActionTimer
+    from hw.models import build_stage
+    from parsim.schedules import gpipe
+    from parsim.workload import mlp_model
+
+    layers, hidden, tokens = IN_STEP
+    fresh = _chain_probe_s(device, dtype, hidden, tokens)
+    model = mlp_model(layers, hidden, tokens)
+    stage = build_stage(model, 1, 0, device=device).to(dtype)
+    runner = StageRunner(gpipe(1, 1), 0, {0: stage}, {})
+    io = split_batch(*make_batch(model, device, dtype), 1)
+    timer = ActionTimer(device)
+    for step in range(25):  # ~1 s: as long as hw measure's timed steps
+        for p in stage.parameters():
+            p.grad = None
+        runner.step(io, timer if step >= 15 else None)
+    sync(device)
+    in_step = sum(statistics.median(v) for v in timer.seconds().values()) / layers
+    return {"fresh_s": fresh, "in_step_s": in_step, "shape": IN_STEP, "factor": max(in_step / fresh, 1.0)}
 
 
 def layer_costs(samples: list[dict], host: dict, slowdown: float = 1.0) -> tuple[LayerCosts, dict[str, Fit]]:
-    """Per-layer op costs: host from `host`, GPU from affine fits, stretched by the sustained-load slowdown."""
+    """Per-layer op costs: host from `host`, GPU from affine fits, stretched by the in-step slowdown."""
     flops = [s["flops"] for s in samples]
     weight = [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]
     fits = {"forward": fit_affine(flops, [s["forward_s"] for s in samples]),
@@ -335,7 +364,7 @@ def main(args: argparse.Namespace) -> int:
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
-            "sustained_load": samples["sustained_load"],
+            "in_step_slowdown": samples["in_step_slowdown"],
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
     profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
@@ -343,7 +372,7 @@ def main(args: argparse.Namespace) -> int:
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
     save_profile(profile, out)
     _report(fits, out, samples_path)
-    print(f"sustained-load slowdown x{samples['sustained_load']['factor']:.3f} applied to every layer cost")
+    print(f"in-step slowdown x{samples['in_step_slowdown']['factor']:.3f} applied to every layer cost")
     return 0
 
 
@@ -357,7 +386,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
         host_rows = host_samples(device, dtype)
         host, action_s, fits = host_costs(host_rows)
         progress.update()
-        load = sustained_load(device, dtype)
+        load = in_step_slowdown(device, dtype)
         costs, layer_fits = layer_costs(layer_rows, host, load["factor"])
         fits |= layer_fits
         per_hidden = {}
@@ -373,7 +402,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
-    samples = {"layers": layer_rows, "sustained_load": load, "host": host_rows, "copies": copy_rows,
+    samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows, "copies": copy_rows,
                "op_costs": op_costs}
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s

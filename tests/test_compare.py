@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parsim.compare import read_points, repredict, summary
+from parsim.compare import mark_host_sensitive, read_points, repredict, summary
 from parsim.errors import ParsimError
 
 FIXTURE = Path(__file__).parent / "data" / "results-fixture.csv"
@@ -30,6 +30,7 @@ def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
                              "--out", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "median |error|" in result.stdout and "excluded: fixture" in result.stdout
+    assert "\nall: " in result.stdout and "\nGPU-bound (not host-sensitive): " in result.stdout
     pngs = sorted(p.name for p in tmp_path.iterdir())
     assert pngs == ["results-fixture-speedups.png", "results-fixture-step-times.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
@@ -100,3 +101,25 @@ def test_repredict_of_a_replicated_point_predicts_the_replicated_step():
     expected, _ = predict(build(point.schedule, 2, point.microbatches),
                           mlp_model(point.layers, point.hidden, point.tokens), profile, True, 2)
     assert repredict([point], profile)[0].predicted_s == pytest.approx(expected.step_time_s)
+
+
+def test_a_dispatch_bound_point_is_host_sensitive_and_a_compute_bound_one_is_not():
+    from parsim.profile import load_profile
+
+    base = read_points(FIXTURE)[0]
+    compute = replace(base, schedule="gpipe", gpus=1, microbatches=1, layers=16, hidden=2048, tokens=8192)
+    dispatch = replace(base, schedule="gpipe", gpus=1, microbatches=64, layers=8, hidden=256, tokens=1024)
+    marked = mark_host_sensitive([compute, dispatch], load_profile(None))
+    assert [p.host_sensitive for p in marked] == [False, True]
+
+
+def test_host_slower_profile_scales_every_host_cost_and_nothing_else():
+    from parsim.profile import load_profile
+
+    profile = load_profile(None)
+    slow = profile.with_host_slower(2.0)
+    assert slow.host.action_s == 2 * profile.host.action_s and slow.host.p2p_s == 2 * profile.host.p2p_s
+    for key, costs in profile.layers.items():
+        assert slow.layers[key].forward.host_s == 2 * costs.forward.host_s
+        assert slow.layers[key].backward_weight.fixed_s == costs.backward_weight.fixed_s
+    assert slow.links == profile.links

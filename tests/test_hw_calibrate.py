@@ -78,7 +78,7 @@ def test_host_costs_split_per_layer_slope_from_per_action_intercept():
     assert not any(f.poor for f in fits.values())
 
 
-def test_sustained_load_slowdown_stretches_every_layer_cost():
+def test_in_step_slowdown_stretches_every_layer_cost():
     samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
                 "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]
     host = {"forward_s": 1e-4, "backward_input_s": 1e-4, "backward_s": 3e-4}
