@@ -35,7 +35,7 @@ def _int_list(text: str) -> list[int]:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The model flags, shared with `python -m hw measure` so both halves build the same model."""
-    g = p.add_argument_group("model (default: the MLP stack that `python -m hw measure` runs)")
+    g = p.add_argument_group("model (default: 16 MLP blocks; parsim and hw build the same model from these flags)")
     g.add_argument("--layers", type=_positive_int, help="MLP blocks (default 16)")
     g.add_argument("--hidden", type=_positive_int, help="hidden size (default 2048)")
     g.add_argument("--tokens", type=_positive_int, help="tokens per step, all micro-batches (default 8192)")
