@@ -1,9 +1,10 @@
 """`python -m hw calibrate`: measure this machine and write a parsim profile, with the raw samples.
 
 What it measures, each alone and with the GPU's own clock where the GPU is what is timed:
-  1. per layer (MlpBlock): forward, input-grad and full-backward GPU time over micro-batch sizes
-     (weight-grad = full - input-grad), fitted to fixed_s + flops / flops_per_s;
-  2. the host: per layer and per action, from host timers around the actions of hw's own executor;
+  1. per layer (MlpBlock; with --conv also ConvBlock and DownBlock at each shape of the conv net): forward,
+     input-grad and full-backward GPU time over micro-batch sizes (weight-grad = full - input-grad), fitted
+     to fixed_s + flops / flops_per_s per kind and per shape;
+  2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
   5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
@@ -27,7 +28,7 @@ import torch
 from scipy.optimize import least_squares
 from tqdm import tqdm
 
-from hw.models import MlpBlock
+from hw.models import LAYER_KINDS, MlpBlock
 from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
 from parsim.errors import ParsimError
@@ -35,7 +36,7 @@ from parsim.files import write_atomic
 from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, load_profile,
                             save_profile)
 from parsim.scenarios import with_op_costs
-from parsim.workload import Layer
+from parsim.workload import Layer, Model, conv_model, mlp_model
 
 POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
 
@@ -71,42 +72,64 @@ def fit_affine(work: list[float], seconds: list[float]) -> Fit:
 
 # --- 1. layers ---------------------------------------------------------------------------------
 
-LAYER_DEPTH = 4  # layers chained per timing: each reads the one before's output, as in a real stage
+LAYER_DEPTH = 4  # layers per timing: each reads the one before's output where it can, as in a real stage
 
 
-def layer_samples(device: torch.device, dtype: torch.dtype, hidden_sizes: list[int], tokens: list[int],
+def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer], tokens: list[int],
                   progress: tqdm) -> list[dict]:
-    """GPU time of one MlpBlock's forward, input-grad and full backward, per (hidden, tokens).
+    """GPU time of one layer's forward, input-grad and full backward, per (layer shape, samples).
 
-    Timed through a chain of LAYER_DEPTH layers and divided: one layer fed the same input again and
-    again keeps it in L2 and ran ~10% faster than the layers of a real step.
+    Timed through LAYER_DEPTH layers of the shape and divided: one layer fed the same input again and
+    again keeps it in L2 and ran ~10% faster than the layers of a real step. Layers whose output fits
+    their input are chained, as in a stage; a downsampling block cannot be, so each copy gets its own input.
     """
     samples = []
-    for h in hidden_sizes:
-        stack = torch.nn.Sequential(*(MlpBlock(h) for _ in range(LAYER_DEPTH))).to(device, dtype)
-        params = list(stack.parameters())
+    for layer in layers:
+        blocks = [LAYER_KINDS[layer.kind](layer.hidden).to(device, dtype) for _ in range(LAYER_DEPTH)]
+        params = [p for b in blocks for p in b.parameters()]
+        chained = layer.in_shape == layer.out_shape
+        stack = torch.nn.Sequential(*blocks)
         for n in tokens:
-            x = torch.randn(n, h, device=device, dtype=dtype, requires_grad=True)
-            y = stack(x)
-            g = torch.randn_like(y)
+            xs = [torch.randn(n, *layer.in_shape, device=device, dtype=dtype, requires_grad=True)
+                  for _ in range(1 if chained else LAYER_DEPTH)]
+
+            def forward() -> list[torch.Tensor]:
+                return [stack(xs[0])] if chained else [b(x) for b, x in zip(blocks, xs)]
+
+            ys = forward()
+            gs = [torch.randn_like(y) for y in ys]
 
             def per_layer(fn) -> float:
                 return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=20_000_000) / LAYER_DEPTH
 
-            forward = per_layer(lambda: stack(x))
-            input_grad = per_layer(lambda: torch.autograd.grad(y, [x], g, retain_graph=True))
-            full = per_layer(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True))
-            samples.append({"hidden": h, "tokens": n, "flops": Layer("mlp", h).flops_per_token * n,
-                            "forward_s": forward, "backward_input_s": input_grad, "backward_s": full})
+            fwd = per_layer(forward)
+            input_grad = per_layer(lambda: torch.autograd.grad(ys, xs, gs, retain_graph=True))
+            full = per_layer(lambda: torch.autograd.grad(ys, [*xs, *params], gs, retain_graph=True))
+            samples.append({"kind": layer.kind, "key": layer.cost_key, "hidden": layer.hidden, "side": layer.side,
+                            "tokens": n, "flops": layer.flops_per_token * n,
+                            "forward_s": fwd, "backward_input_s": input_grad, "backward_s": full})
             progress.update()
     return samples
 
 
-HOST_DEPTHS = (1, 2, 4, 8)  # layers per stage when timing the host: the slope is per layer, the rest per action
+# layers per stage when timing the host: the slope is per layer, the rest per action; k downsampling blocks
+# start on a 2^k map, so they stop at 4 to stay small
+HOST_DEPTHS = {"mlp": (1, 2, 4, 8), "conv": (1, 2, 4, 8), "down": (1, 2, 3, 4)}
 
 
-def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 16) -> list[dict]:
-    """Host time of forward and backward actions in hw's own executor, stages of k tiny layers.
+def host_stage(kind: str, layers: int, tokens: int) -> Model:
+    """A stage of `layers` tiny layers of one kind, to time the host: MLP blocks of 64, conv blocks of 8
+    channels on 4x4 maps, or downsampling blocks from 4 channels doubling to the last one's 1x1 map
+    (from 2 input channels: torch's CPU convolution of a single channel is ~100x slower)."""
+    if kind == "mlp":
+        return mlp_model(layers, 64, tokens)
+    if kind == "conv":
+        return Model((Layer("conv", 8, side=4),) * layers, tokens)
+    return Model(tuple(Layer("down", 4 << i, side=1 << (layers - 1 - i)) for i in range(layers)), tokens)
+
+
+def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16) -> list[dict]:
+    """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
 
     Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
     it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
@@ -115,11 +138,10 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
     from hw.executor import StageRunner, make_batch, split_batch
     from hw.models import build_stage
     from parsim.schedules import Op, gpipe
-    from parsim.workload import mlp_model
 
     rows = []
-    for k in HOST_DEPTHS:
-        model, schedule = mlp_model(k, 64, 8 * microbatches), gpipe(1, microbatches)
+    for k in HOST_DEPTHS[kind]:
+        model, schedule = host_stage(kind, k, 8 * microbatches), gpipe(1, microbatches)
         stage = build_stage(model, 1, 0, device=device).to(dtype)
         runner = StageRunner(schedule, 0, {0: stage}, {})
         io = split_batch(*make_batch(model, device, dtype), microbatches)
@@ -138,7 +160,7 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
             for step in range(5):
                 runner.step(io, observe)
         sync(device)
-        x = torch.randn(8, 64, device=device, dtype=dtype, requires_grad=True)
+        x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
         y = stage(x)
         g = torch.randn_like(y)
         rows.append({"layers": k, "forward_s": statistics.median(spans[Op.FORWARD]),
@@ -223,6 +245,28 @@ def layer_costs(samples: list[dict], host: dict, slowdown: float = 1.0) -> tuple
     costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s * slowdown, fits[k].rate / slowdown)
                          for k in ("forward", "backward_input", "backward_weight")))
     return costs, fits
+
+
+def fitted_costs(rows: list[dict], host: dict[str, dict], slowdown: float = 1.0,
+                 ) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:
+    """Costs per kind over all its shapes ("conv") and per shape ("conv@64x56"): small kernels run far
+    below the large ones' rate. host: per-layer host costs by kind."""
+    costs, fits = {}, {}
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        of_kind = [r for r in rows if r["kind"] == kind]
+        groups = {kind: of_kind, **{key: [r for r in of_kind if r["key"] == key]
+                                    for key in dict.fromkeys(r["key"] for r in of_kind)}}
+        for key, group in groups.items():
+            costs[key], key_fits = layer_costs(group, host[kind], slowdown)
+            fits |= {_fit_name(kind, key, op): f for op, f in key_fits.items()}
+    return costs, fits
+
+
+def _fit_name(kind: str, key: str, op: str) -> str:
+    """MLP fits keep their names ("forward", "forward@2048"); the others read "conv forward", "conv@64x56 forward"."""
+    if kind == "mlp":
+        return op if key == kind else f"{op}@{key.removeprefix('mlp@')}"
+    return f"{key} {op}"
 
 
 # --- 3. host <-> device copies -------------------------------------------------------------------
@@ -340,6 +384,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hidden sizes to cost, each also fitted alone (default 256,1024,2048,4096)")
     p.add_argument("--gpus", type=int, help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
                                             "processes talking over gloo, for tests)")
+    p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
+                                                       "its shapes at 4-256 images, and their host cost (~20 s more)")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
 
 
@@ -357,7 +403,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, AssertionError):
         raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
     base = load_profile(args.base)
-    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -376,24 +422,39 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> tuple[Profile, dict, dict[str, Fit]]:
+def conv_layers(cpu: bool) -> list[Layer]:
+    """The conv net's distinct layer shapes (`parsim --conv`); on the CPU a tiny net of the same kinds."""
+    net = conv_model(widths=(4, 8), blocks=(1, 2), side=8) if cpu else conv_model()
+    return list(dict.fromkeys(net.layers))
+
+
+CONV_KINDS = ("conv", "down")
+
+
+def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
+              ) -> tuple[Profile, dict, dict[str, Fit]]:
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
     hidden = [64, 128] if cpu else hidden
-    with tqdm(total=len(hidden) * len(tokens) + 3, desc="calibrating", file=sys.stderr) as progress:
-        layer_rows = layer_samples(device, dtype, hidden, tokens, progress)
-        host_rows = host_samples(device, dtype)
-        host, action_s, fits = host_costs(host_rows)
+    shapes = conv_layers(cpu) if conv else []
+    images = [2, 8, 32] if cpu else [4, 16, 64, 256]  # 256 images in 1-64 micro-batches: 4-256 per micro-batch
+    steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 3 + (len(CONV_KINDS) if conv else 0)
+    with tqdm(total=steps, desc="calibrating", file=sys.stderr) as progress:
+        layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
+        layer_rows += layer_samples(device, dtype, shapes, images, progress)
+        host_rows = {"mlp": host_samples(device, dtype)}
+        host, action_s, fits = host_costs(host_rows["mlp"])
         progress.update()
+        hosts = {"mlp": host}
+        for kind in CONV_KINDS if conv else ():  # a conv block issues other kernels than an MLP block
+            host_rows[kind] = host_samples(device, dtype, kind, microbatches=4 if cpu else 16)
+            hosts[kind], _, kind_fits = host_costs(host_rows[kind])
+            fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
+            progress.update()
         load = in_step_slowdown(device, dtype)
-        costs, layer_fits = layer_costs(layer_rows, host, load["factor"])
+        layers, layer_fits = fitted_costs(layer_rows, hosts, load["factor"])
         fits |= layer_fits
-        per_hidden = {}
-        for h in hidden:  # a fit per hidden size too: small matmuls run far below the large ones' rate
-            per_hidden[f"mlp@{h}"], h_fits = layer_costs([r for r in layer_rows if r["hidden"] == h], host,
-                                                         load["factor"])
-            fits |= {f"{op}@{h}": f for op, f in h_fits.items()}
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
         links, link_fits, copy_rows = copy_links(device, copy_sizes)
         progress.update()
@@ -402,8 +463,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
-    samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows, "copies": copy_rows,
+    samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"), "copies": copy_rows,
                "op_costs": op_costs}
+    if conv:
+        samples["host_by_kind"] = host_rows
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     if count >= 2:
@@ -416,7 +479,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None) -> 
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
-    profile = Profile(node, links, HostCosts(action_s, p2p_s), {"mlp": costs, **per_hidden}, collectives=collectives)
+    profile = Profile(node, links, HostCosts(action_s, p2p_s), layers, collectives=collectives)
     return with_op_costs(profile, op_costs), samples, fits
 
 
@@ -431,10 +494,10 @@ def _driver() -> str | None:
 
 
 def _report(fits: dict[str, Fit], out: Path, samples: Path) -> None:
-    print(f"{'fit':<24} {'fixed':>10} {'rate':>12} {'R^2':>8} {'worst':>7}")
+    print(f"{'fit':<28} {'fixed':>10} {'rate':>12} {'R^2':>8} {'worst':>7}")
     for name, f in fits.items():
         flag = "  POOR FIT" if f.poor else ""
         rate = (f"{1e6 / f.rate:>8.2f}us/L" if name.startswith("host")  # host: per call + per layer
                 else f"{f.rate:>10.3g}{'B' if name.startswith('link') else 'F'}")
-        print(f"{name:<24} {f.fixed_s * 1e6:>8.2f}us {rate} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
+        print(f"{name:<28} {f.fixed_s * 1e6:>8.2f}us {rate} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
     print(f"wrote {out} and {samples}")

@@ -19,6 +19,7 @@ from torch import nn
 from parsim.dataflow import iter_waits, transfers
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
+from parsim.workload import stage_layers
 
 
 class Groups:
@@ -105,15 +106,26 @@ class StepIO:
     inputs: list[torch.Tensor]  # per micro-batch, for stage 0
     targets: list[torch.Tensor]  # per micro-batch, for the last stage
     total_rows: int  # rows of the whole batch: each micro-batch's loss is weighted by its share
+    stage_shapes: tuple[tuple[int, ...], ...] = ()  # one sample of each stage's output; () as the input (MLP)
 
-    def message_like(self, mb: int) -> torch.Tensor:
-        return torch.empty_like(self.inputs[mb])  # every stage boundary carries (rows, hidden)
+    def message_like(self, a: Action) -> torch.Tensor:
+        """A buffer for receive `a`: stage s-1's output for RECV_F(s), the gradient of stage s's output for RECV_B(s)."""
+        x = self.inputs[a.microbatch]
+        if not self.stage_shapes:
+            return torch.empty_like(x)
+        return x.new_empty((x.shape[0], *self.stage_shapes[a.stage - 1 if a.op == Op.RECV_F else a.stage]))
 
 
-def split_batch(x: torch.Tensor, y: torch.Tensor, microbatches: int) -> StepIO:
+def split_batch(x: torch.Tensor, y: torch.Tensor, microbatches: int,
+                stage_shapes: tuple[tuple[int, ...], ...] = ()) -> StepIO:
     if x.shape[0] % microbatches:
         raise ParsimError(f"a batch of {x.shape[0]} rows does not split into {microbatches} equal micro-batches")
-    return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0])
+    return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0], stage_shapes)
+
+
+def stage_shapes(model, num_stages: int) -> tuple[tuple[int, ...], ...]:
+    """One sample of each stage's output under the model's split: what crosses each stage boundary."""
+    return tuple(model.layers[layers[-1]].out_shape for layers in stage_layers(model, num_stages))
 
 
 RECEIVES = frozenset({Op.RECV_F, Op.RECV_B})
@@ -210,7 +222,7 @@ class StageRunner:
 
     def _recv(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
-        buf = io.message_like(a.microbatch)
+        buf = io.message_like(a)
         with self._message_stream():
             st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
 
@@ -305,10 +317,12 @@ def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dt
 
 
 def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random inputs and targets of (tokens, hidden), the same on every rank."""
+    """Random inputs and targets, the same on every rank: (tokens, hidden) for an MLP stack, (images, C, S, S)
+    for a conv net (the first layer's input, the last layer's output)."""
     g = torch.Generator().manual_seed(seed)
-    shape = (model.tokens, model.layers[0].hidden)
-    return (torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype))
+    x = torch.randn((model.tokens, *model.layers[0].in_shape), generator=g)
+    y = torch.randn((model.tokens, *model.layers[-1].out_shape), generator=g)
+    return x.to(device, dtype), y.to(device, dtype)
 
 
 Made = tuple[list[dict[tuple[int, int], dist.ProcessGroup]], dict[int, dist.ProcessGroup]]
@@ -343,7 +357,8 @@ def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, d
     if model.tokens % (data_parallel * schedule.num_microbatches):
         raise ParsimError(f"{model.tokens} tokens do not split into {data_parallel} replicas x "
                           f"{schedule.num_microbatches} equal micro-batches")
-    return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches)
+    return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches,
+                       stage_shapes(model, schedule.num_stages))
 
 
 def _fail_after(n: int) -> Callable[[Action, str], None]:
@@ -361,13 +376,11 @@ def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: 
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
     """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
     gradients (averaged over replicas) by global name."""
-    from parsim.workload import partition
-
     made = replica_groups(schedule, Groups(), data_parallel)
     runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
-    layer_ids = partition(len(model.layers), schedule.num_stages)
+    layer_ids = stage_layers(model, schedule.num_stages)
     grads = {f"{layer_ids[s][k]}.{name}": p.grad.cpu()
              for s, module in stages.items() for k, layer in enumerate(module)
              for name, p in layer.named_parameters()}

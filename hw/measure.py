@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,9 @@ from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
-from parsim.workload import Model, load_model, mlp_model
+from parsim.cli import add_model_args, add_partition_args, model_from_args, split_model
+from parsim.profile import load_profile
+from parsim.workload import Model, microbatch_tokens, stage_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -189,7 +191,7 @@ def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> 
 
 def baseline_job(model: Model, config: Config) -> Job:
     """The whole model on one device, the whole batch in one step: what speedup is measured against."""
-    return Job(gpipe(1, 1), model, Config(config.steps, config.warmup, config.dtype))
+    return Job(gpipe(1, 1), replace(model, balance=None), Config(config.steps, config.warmup, config.dtype))
 
 
 def report(job: Job, results: list[dict | None], baseline: dict, device: str) -> dict:
@@ -211,6 +213,7 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
                    "copy_streams": job.copy_streams,
                    "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
+                   "balance": [len(r) for r in stage_layers(model, schedule.num_stages)],
                    "hidden": model.layers[0].hidden, "tokens": model.tokens, "dtype": config.dtype,
                    "device": _device_name(device), "torch": torch.__version__, "steps": config.steps,
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
@@ -239,10 +242,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--tokens", type=int, default=8192)
-    p.add_argument("--model", metavar="FILE", help="a parsim model file instead of --layers/--hidden/--tokens")
+    add_model_args(p)
+    add_partition_args(p)
+    p.add_argument("--profile", metavar="FILE", help="the profile --partition time balances by, as `parsim predict "
+                                                    "--partition time` does (default: the shipped one)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on GPUs, fp32 on the CPU")
@@ -254,7 +257,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("gpus", "microbatches", "layers", "hidden", "tokens", "steps", "data_parallel"):
+    for flag in ("gpus", "microbatches", "steps", "data_parallel"):
         if getattr(args, flag) < 1:
             raise ParsimError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.warmup < 0 or not args.timeout > 0:
@@ -265,15 +268,15 @@ def _check(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _check(args)
-    model = load_model(args.model) if args.model else mlp_model(args.layers, args.hidden, args.tokens)
+    model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
     schedule = build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
     if schedule.num_stages > len(model.layers):
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
-    if model.tokens % (schedule.num_microbatches * args.data_parallel):
-        raise ParsimError(f"{model.tokens} tokens do not split into {args.data_parallel} replica(s) x "
-                          f"{schedule.num_microbatches} equal micro-batches")
+    microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
+    profile = load_profile(args.profile) if args.partition == "time" else None
+    model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
                  "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams)

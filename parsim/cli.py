@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from parsim.errors import ParsimError
 from parsim.predict import Prediction, Simulation, predict
@@ -14,7 +15,8 @@ from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import Model, load_model, mlp_model, parse_mlp_spec
+from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model, parse_mlp_spec,
+                             partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -31,21 +33,62 @@ def _int_list(text: str) -> list[int]:
     return [_positive_int(t) for t in text.split(",") if t]
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (default: the MLP stack that `python -m hw measure` runs)")
-    g.add_argument("--layers", type=_positive_int, default=16, help="MLP blocks (default 16)")
-    g.add_argument("--hidden", type=_positive_int, default=2048, help="hidden size (default 2048)")
-    g.add_argument("--tokens", type=_positive_int, default=8192, help="tokens per step, all micro-batches (default 8192)")
-    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of --layers/--hidden")
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model flags, shared with `python -m hw measure` so both halves build the same model."""
+    g = p.add_argument_group("model (default: 16 MLP blocks; parsim and hw build the same model from these flags)")
+    g.add_argument("--layers", type=_positive_int, help="MLP blocks (default 16)")
+    g.add_argument("--hidden", type=_positive_int, help="hidden size (default 2048)")
+    g.add_argument("--tokens", type=_positive_int, help="tokens per step, all micro-batches (default 8192)")
+    g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
+                                                       "64-512 channels on 56x56 to 7x7 maps")
+    g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
+    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of the flags above")
+
+
+def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
+    """How layers split into stages: equal counts, balanced by the profile's time per layer, or given."""
+    p.add_argument("--partition", choices=PARTITIONS, default="equal",
+                   help="stages of equal layer counts, or of balanced time per the profile (default equal)")
+    if balance:
+        p.add_argument("--balance", type=_int_list, metavar="N,N,...",
+                       help="layers per stage, first stage first (instead of --partition)")
+
+
+def _add_model_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
+    add_model_args(p)
+    add_partition_args(p, balance)
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
 
 
-def _model(args: argparse.Namespace) -> Model:
+def model_from_args(args: argparse.Namespace) -> Model:
+    """The model the flags of add_model_args name; a flag that does not belong to it is refused."""
+    mlp_flags = [f"--{f}" for f in ("layers", "hidden", "tokens") if getattr(args, f) is not None]
     if args.model:
+        given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
+        if given:
+            raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
         return load_model(args.model)
-    return mlp_model(args.layers, args.hidden, args.tokens)
+    if args.conv:
+        if mlp_flags:
+            raise ParsimError(f"--conv takes --images, not {', '.join(mlp_flags)}")
+        return conv_model(args.images or 256)
+    if args.images is not None:
+        raise ParsimError("--images goes with --conv; the MLP stack takes --tokens")
+    return mlp_model(args.layers or 16, args.hidden or 2048, args.tokens or 8192)
+
+
+def split_model(args: argparse.Namespace, model: Model, num_stages: int, num_microbatches: int,
+                data_parallel: int, profile: Profile | None) -> Model:
+    """The model with the split --balance or --partition asks for, for this schedule (profile: for "time")."""
+    balance = getattr(args, "balance", None)
+    if balance and args.partition != "equal":
+        raise ParsimError("pass --partition time or --balance, not both")
+    if balance:
+        check_balance(tuple(balance), len(model.layers), num_stages)
+        return replace(model, balance=tuple(balance))
+    return partitioned(model, args.partition, num_stages, num_microbatches, profile, data_parallel)
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -89,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
-    _add_model_args(pl)
+    _add_model_args(pl, balance=False)
 
     sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
     sc.add_argument("name", choices=sorted(SCENARIOS))
@@ -123,11 +166,13 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     dp = args.data_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
-    return predict(build(schedule, args.gpus // dp, microbatches, virtual), model, profile, args.copy_streams, dp)
+    built = build(schedule, args.gpus // dp, microbatches, virtual)
+    model = split_model(args, model, built.num_stages, microbatches, dp, profile)
+    return predict(built, model, profile, args.copy_streams, dp)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    profile, model = load_profile(args.profile), _model(args)
+    profile, model = load_profile(args.profile), model_from_args(args)
     m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
     prediction, sim = _predict(args, profile, model, args.schedule, m)
     if args.trace:
@@ -144,7 +189,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    profile, model = load_profile(args.profile), _model(args)
+    profile, model = load_profile(args.profile), model_from_args(args)
     names = _schedule_names(args.schedules)
     results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
     if args.json:
@@ -176,8 +221,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
     limit = args.memory_limit * 1e9 if args.memory_limit else None
-    profile, model = load_profile(args.profile), _model(args)
-    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules))
+    profile, model = load_profile(args.profile), model_from_args(args)
+    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules), args.partition)
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
@@ -194,9 +239,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from parsim.trace import write_trace
 
         best = fits[0]
-        schedule = build(best.schedule, args.gpus, best.microbatches,
+        schedule = build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
                          best.virtual_stages if best.schedule in VIRTUAL else None)
-        write_trace(predict(schedule, model, profile, args.copy_streams)[1], args.trace)
+        split = replace(model, balance=best.balance)
+        write_trace(predict(schedule, split, profile, args.copy_streams, best.data_parallel)[1], args.trace)
     return 0
 
 

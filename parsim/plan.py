@@ -17,7 +17,7 @@ from parsim.errors import ParsimError, ScheduleError
 from parsim.predict import Prediction, predict
 from parsim.profile import Profile
 from parsim.schedules import SCHEDULES, VIRTUAL, Schedule, build
-from parsim.workload import Model, partition
+from parsim.workload import Model, partitioned, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 
@@ -30,19 +30,21 @@ class Candidate:
     data_parallel: int
     prediction: Prediction
     memory_bytes: int  # the most any one GPU needs
+    balance: tuple[int, ...] | None = None  # layers per stage, where not an equal split
 
     @property
     def label(self) -> str:
         v = f", v={self.virtual_stages}" if self.schedule in VIRTUAL else ""
         dp = f", dp={self.data_parallel}" if self.data_parallel > 1 else ""
-        return f"{self.schedule} m={self.microbatches}{v}{dp}"
+        split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
+        return f"{self.schedule} m={self.microbatches}{v}{dp}{split}"
 
 
 def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank: tuple[int, ...]) -> list[int]:
     """Parameters each rank of one pipeline holds."""
     per_layer = [layer.params for layer in model.layers]
     held = [0] * num_ranks
-    for stage, layers in enumerate(partition(len(model.layers), num_stages)):
+    for stage, layers in enumerate(stage_layers(model, num_stages)):
         held[stage_to_rank[stage]] += sum(per_layer[i] for i in layers)
     return held
 
@@ -70,26 +72,29 @@ def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, da
 
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
-               max_microbatches: int = 256, data_parallel: bool = True) -> list[Candidate]:
+               max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal") -> list[Candidate]:
     """Every configuration that can run, predicted; those that cannot are skipped, not errors.
 
-    Data-parallel degrees are tried only where the profile can cost an all-reduce.
+    Data-parallel degrees are tried only where the profile can cost an all-reduce; each configuration's
+    layers are split as `partition` says ("equal", or "time": balanced at its micro-batch size).
     """
     dp_ok = data_parallel and "allreduce" in profile.collectives
     out = []
     for name, schedule, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
-        prediction, _ = predict(schedule, model, profile, data_parallel=dp)
-        params = params_per_gpu(model, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
+        split = partitioned(model, partition, schedule.num_stages, schedule.num_microbatches, profile, dp)
+        prediction, _ = predict(schedule, split, profile, data_parallel=dp)
+        params = params_per_gpu(split, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
         memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
                      for g, n in zip(prediction.per_gpu, params))
-        out.append(Candidate(name, schedule.num_microbatches, v, dp, prediction, memory))
+        out.append(Candidate(name, schedule.num_microbatches, v, dp, prediction, memory, split.balance))
     return out
 
 
 def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
-         schedules: list[str] | None = None) -> tuple[list[Candidate], list[Candidate]]:
+         schedules: list[str] | None = None, partition: str = "equal") -> tuple[list[Candidate], list[Candidate]]:
     """(fitting, too big): configurations under the memory limit, fastest first, and the rest."""
-    found = sorted(candidates(model, gpus, profile, schedules), key=lambda c: c.prediction.step_time_s)
+    found = sorted(candidates(model, gpus, profile, schedules, partition=partition),
+                   key=lambda c: c.prediction.step_time_s)
     if not found:
         raise ParsimError("no configuration can run this model on these GPUs")
     fits = [c for c in found if memory_limit_bytes is None or c.memory_bytes <= memory_limit_bytes]

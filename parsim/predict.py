@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsim.machine import Machine, Op, gc_paused
 from parsim.dataparallel import add_gradient_allreduce, gradient_buckets
@@ -34,6 +34,7 @@ class Prediction:
     per_gpu: tuple[GpuReport, ...]
     profile: str
     data_parallel: int = 1
+    sample: str = "token"  # what `tokens` counts: "token", or "image" for a conv net
 
     @property
     def speedup(self) -> float:
@@ -79,7 +80,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
 
 def single_gpu_step_s(model: Model, profile: Profile) -> float:
     """The same model and batch on one GPU, one forward and one backward, no micro-batching."""
-    return simulate(gpipe(1, 1), stage_costs(model, 1, 1, profile), profile).step_time_s
+    return simulate(gpipe(1, 1), stage_costs(replace(model, balance=None), 1, 1, profile), profile).step_time_s
 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
@@ -108,5 +109,5 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
         per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
     prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
                             sim.step_time_s, single_gpu_step_s(model, profile), model.tokens,
-                            tuple(per_gpu), profile.describe(), data_parallel)
+                            tuple(per_gpu), profile.describe(), data_parallel, model.sample)
     return prediction, sim

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -61,6 +62,16 @@ def test_sweep_prints_a_row_per_schedule_and_count(capsys):
     (["predict", "--gpus", "4096", "--microbatches", "4096", "--layers", "4096", "--tokens", "4096"], "past the"),
     (["predict", "--schedule", "1f1b", "--virtual-stages", "2"], "one stage per GPU"),
     (["predict", "--schedule", "interleaved-1f1b", "--microbatches", "6", "--tokens", "6"], "multiple of the GPU count"),
+    (["predict", "--conv"], "no costs for layer kind 'conv' (conv@64x56)"),
+    (["predict", "--conv", "--partition", "time"], "calibrate them with `python -m hw calibrate --conv`"),
+    (["predict", "--gpus", "2", "--balance", "10,5"], "add up to the model's 16 layers"),
+    (["predict", "--gpus", "4", "--balance", "8,8"], "gives 2 stages but the schedule has 4"),
+    (["predict", "--gpus", "2", "--balance", "8,x"], "expected a whole number"),
+    (["predict", "--gpus", "2", "--balance", "8,8", "--partition", "time"], "not both"),
+    (["predict", "--partition", "fastest"], "invalid choice"),
+    (["predict", "--conv", "--layers", "4"], "--conv takes --images, not --layers"),
+    (["predict", "--images", "64"], "--images goes with --conv"),
+    (["predict", "--conv", "--images", "100", "--microbatches", "8", "--gpus", "2"], "100 images do not split"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, message):
     result = subprocess.run([sys.executable, "-m", "parsim", *argv], capture_output=True, text=True)
@@ -89,3 +100,34 @@ def test_predict_runs_the_v_shaped_and_breadth_first_schedules(argv, capsys):
     assert main(["predict", *argv, "--gpus", "4", "--microbatches", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [g["stages"] for g in out["per_gpu"]][0] == ([0, 7] if argv[1] != "looped-bfs" else [0, 4])
+def _conv_profile(tmp_path) -> str:
+    """The shipped profile with conv and down costs (the MLP's fitted rates, for the tests' sake)."""
+    from parsim.profile import load_profile, save_profile
+
+    shipped = load_profile(None)
+    path = tmp_path / "conv-profile.json"
+    save_profile(replace(shipped, layers={**shipped.layers, "conv": shipped.layers["mlp"],
+                                          "down": shipped.layers["mlp"]}), path)
+    return str(path)
+
+
+def test_conv_net_with_conv_costs_predicts_balanced_by_time(tmp_path, capsys):
+    profile = _conv_profile(tmp_path)
+    assert main(["predict", "--conv", "--gpus", "2", "--microbatches", "8", "--profile", profile, "--json"]) == 0
+    equal = json.loads(capsys.readouterr().out)
+    assert main(["predict", "--conv", "--gpus", "2", "--microbatches", "8", "--profile", profile,
+                 "--partition", "time", "--json"]) == 0
+    balanced = json.loads(capsys.readouterr().out)
+    assert equal["model"] == "16 x conv+down(C=64/128/256/512, S=56/28/14/7), 256 images"
+    assert balanced["model"].startswith(equal["model"] + ", balance ") and balanced["sample"] == "image"
+    assert balanced["step_time_s"] <= equal["step_time_s"]
+    assert main(["plan", "--conv", "--gpus", "2", "--profile", profile, "--partition", "time", "--top", "3"]) == 0
+    assert "[" in capsys.readouterr().out  # the balances of the ranked configurations
+
+
+def test_sweep_balances_each_point_for_its_microbatch_size(tmp_path, capsys):
+    profile = _conv_profile(tmp_path)
+    assert main(["sweep", "--conv", "--gpus", "2", "--microbatches", "1,64", "--schedules", "gpipe",
+                 "--profile", profile, "--partition", "time", "--json"]) == 0
+    models = [r["model"] for r in json.loads(capsys.readouterr().out)]
+    assert len(models) == 2 and all(", balance " in m for m in models)

@@ -11,8 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate import fit_affine, host_costs, layer_costs  # noqa: E402
+from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs  # noqa: E402
+from parsim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
+from parsim.schedules import build  # noqa: E402
+from parsim.workload import conv_model, partitioned  # noqa: E402
 
 
 def _calibrate(*argv: str) -> subprocess.CompletedProcess:
@@ -21,7 +24,7 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
 
 def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     out = tmp_path / "p.json"
-    r = _calibrate("--cpu", "--gpus", "2", "--out", str(out))
+    r = _calibrate("--cpu", "--gpus", "2", "--conv", "--out", str(out))
     assert r.returncode == 0, r.stderr
     profile = load_profile(out)
     assert profile.links["nvlink"].measured and profile.links["h2d_pinned"].measured
@@ -33,6 +36,14 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     # gloo processes measured the posting cost; a CPU says nothing of a GPU node, so its size is carried
     assert "host.p2p_s" not in profile.meta["carried_from_base"] and profile.host.p2p_s > 0
     assert "gpus_per_node" in profile.meta["carried_from_base"]
+    # --conv: each kind and each shape of the (tiny, on the CPU) conv net, with its own host cost per layer
+    assert {"conv", "conv@4x8", "conv@8x4", "down", "down@8x4"} <= profile.layers.keys()
+    assert profile.layers["conv"].forward.host_s > 0 and "conv@8x4 forward" in samples["meta"]["fits"]
+    assert {"conv", "down"} == samples["samples"]["host_by_kind"].keys()
+    model = conv_model(images=16, widths=(4, 8), blocks=(1, 2), side=8)
+    split = partitioned(model, "time", 2, 4, profile)
+    prediction, _ = predict(build("1f1b", 2, 4), split, profile)
+    assert sum(split.balance) == 3 and prediction.step_time_s > 0 and prediction.sample == "image"
 
 
 def test_calibrate_never_overwrites_without_force(tmp_path):
@@ -87,3 +98,18 @@ def test_in_step_slowdown_stretches_every_layer_cost():
     for a, b in ((fresh.forward, hot.forward), (fresh.backward_input, hot.backward_input),
                  (fresh.backward_weight, hot.backward_weight)):
         assert b.gpu_s(1e11) == pytest.approx(1.1 * a.gpu_s(1e11)) and b.host_s == a.host_s
+
+
+def test_layer_costs_are_fitted_per_kind_and_per_shape():
+    """Each shape keeps its own rate (small maps run slower); the kind's fit spans them all."""
+    def rows(kind, key, rate):
+        return [{"kind": kind, "key": key, "flops": f, "forward_s": 1e-5 + f / rate, "backward_input_s": 1e-5 + f / rate,
+                 "backward_s": 2e-5 + 2 * f / rate} for f in (1e9, 1e10, 1e11)]
+
+    host = {"forward_s": 1e-4, "backward_input_s": 1e-4, "backward_s": 3e-4}
+    costs, fits = fitted_costs(rows("mlp", "mlp@64", 1e14) + rows("conv", "conv@64x56", 4e14)
+                               + rows("conv", "conv@512x7", 1e14), {"mlp": host, "conv": host})
+    assert list(costs) == ["mlp", "mlp@64", "conv", "conv@64x56", "conv@512x7"]
+    assert costs["conv@64x56"].forward.flops_per_s == pytest.approx(4e14, rel=1e-3)
+    assert costs["conv@512x7"].backward_weight.flops_per_s == pytest.approx(1e14, rel=1e-3)
+    assert {"forward", "forward@64", "conv forward", "conv@512x7 backward_weight"} <= fits.keys()

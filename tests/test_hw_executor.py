@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -13,24 +14,32 @@ from hw.models import build_layers  # noqa: E402
 from hw.workers import spawn  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
-from parsim.workload import mlp_model  # noqa: E402
+from parsim.workload import conv_model, mlp_model  # noqa: E402
 
 MODEL = mlp_model(layers=4, hidden=16, tokens=24)
+CONV = conv_model(images=12, widths=(4, 8), blocks=(2, 2), side=8)  # conv 4@8x8 x2, down 8@4x4, conv 8@4x4
 
 
-def _reference(model):
-    """Loss and gradients of the whole model on one device, on the whole batch."""
+def _reference(model, microbatches: int = 1):
+    """Loss and gradients of the whole model on one device, micro-batch after micro-batch (one: the whole batch).
+
+    A conv net's batch norm takes its statistics per micro-batch, in a pipeline as here; an MLP's layer
+    norm is per token, so for it any split equals the whole batch.
+    """
     layers = build_layers(model)
     for layer in layers:
         layer.double()
     x, y = make_batch(model, torch.device("cpu"), torch.float64)
-    out = x
-    for layer in layers:
-        out = layer(out)
-    loss = torch.nn.functional.mse_loss(out, y)
-    loss.backward()
+    loss = torch.zeros((), dtype=torch.float64)
+    for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        out = xm
+        for layer in layers:
+            out = layer(out)
+        part = torch.nn.functional.mse_loss(out, ym) * (xm.shape[0] / x.shape[0])
+        part.backward()
+        loss += part.detach()
     grads = {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
-    return loss.detach(), grads
+    return loss, grads
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,virtual", [
@@ -47,6 +56,23 @@ def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, mi
     assert torch.allclose(results[last]["loss"], loss, rtol=1e-12, atol=0)
     got = {k: v for r in results for k, v in r["grads"].items()}
     assert got.keys() == grads.keys()
+    for key, g in grads.items():
+        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+
+
+@pytest.mark.parametrize("name,microbatches,balance", [
+    ("gpipe", 3, None), ("1f1b", 4, (3, 1)), ("zb-h1", 4, (1, 3)),
+])
+def test_conv_pipeline_matches_single_device_on_the_same_microbatches(name, microbatches, balance):
+    """Stages of a conv net, split equally or by an explicit balance (then the boundary's map is not the input's)."""
+    model = replace(CONV, balance=balance)
+    schedule = build(name, 2, microbatches)
+    results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64), timeout_s=30, deadline_s=120)
+    loss, grads = _reference(model, microbatches)
+    assert torch.allclose(results[1]["loss"], loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r["grads"].items()}
+    assert got.keys() == grads.keys()
+    assert set(results[0]["grads"]) == {k for k in grads if int(k.split(".")[0]) < (balance or (2,))[0]}
     for key, g in grads.items():
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
 

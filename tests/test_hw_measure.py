@@ -33,6 +33,28 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
         assert "traceEvents" in json.loads(path.read_text())
 
 
+def test_measure_runs_a_conv_net_split_as_parsim_splits_it(tmp_path):
+    """--partition time balances by the profile given, as `parsim predict --partition time` does."""
+    from dataclasses import replace
+
+    from parsim.profile import load_profile, save_profile
+
+    shipped = load_profile(None)
+    slow_first = replace(shipped.layers["mlp"].forward, flops_per_s=1e3)  # conv@4x8 far slower than the rest
+    conv = replace(shipped.layers["mlp"], forward=slow_first)
+    save_profile(replace(shipped, layers={"mlp": shipped.layers["mlp"], "conv@4x8": conv,
+                                          "conv": shipped.layers["mlp"], "down": shipped.layers["mlp"]}),
+                 tmp_path / "p.json")
+    (tmp_path / "m.json").write_text(json.dumps({"images": 8, "layers": [
+        {"kind": "conv", "hidden": 4, "side": 8, "count": 2}, {"kind": "down", "hidden": 8, "side": 4},
+        {"kind": "conv", "hidden": 8, "side": 4}]}))
+    r = _measure("--cpu", "--gpus", "2", "--microbatches", "2", "--model", str(tmp_path / "m.json"), "--steps", "1",
+                 "--warmup", "0", "--json", "--partition", "time", "--profile", str(tmp_path / "p.json"))
+    assert r.returncode == 0, r.stderr
+    config = json.loads(r.stdout)["config"]
+    assert config["balance"] == [1, 3] and config["model"].endswith("8 images, balance 1/3")
+
+
 def test_measure_without_enough_gpus_says_so_before_starting_anything():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -45,7 +67,11 @@ def test_measure_without_enough_gpus_says_so_before_starting_anything():
 @pytest.mark.parametrize("argv,message", [
     (["--cpu", "--microbatches", "0"], "--microbatches must be at least 1"),
     (["--cpu", "--gpus", "4", "--layers", "2"], "cannot split 2 layers into 4 stages"),
-    (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "do not split into 1 replica(s) x 4"),
+    (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "10 tokens do not split into 4 equal"),
+    (["--cpu", "--gpus", "2", "--layers", "4", "--balance", "3,2"], "add up to the model's 4 layers"),
+    (["--cpu", "--gpus", "2", "--layers", "4", "--balance", "1,1,2"], "gives 3 stages but the schedule has 2"),
+    (["--cpu", "--gpus", "2", "--conv", "--partition", "time"], "calibrate them with `python -m hw calibrate --conv`"),
+    (["--cpu", "--gpus", "2", "--conv", "--hidden", "8"], "--conv takes --images, not --hidden"),
     (["--cpu", "--gpus", "3", "--data-parallel", "2"], "--gpus 3 does not split into 2 equal pipeline replicas"),
 ])
 def test_bad_measure_input_is_one_line_and_exit_2(argv, message):

@@ -1,0 +1,131 @@
+"""The workload: layer kinds, the conv net, splits into stages (equal, given, balanced by time) and their costs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+from conftest import make_profile
+
+from parsim.errors import ModelError
+from parsim.profile import LayerCosts, OpCost
+from parsim.workload import (Layer, Model, conv_model, layer_times, load_model, mlp_model, partition,
+                             partition_by_time, partitioned, stage_costs, stage_layers)
+
+
+def _slowest(times: list[float], balance: tuple[int, ...]) -> float:
+    bounds = list(itertools.accumulate(balance, initial=0))
+    return max(sum(times[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def _brute_force(times: list[float], stages: int) -> float:
+    """The slowest stage of the best split, over every way to cut the layers."""
+    n = len(times)
+    return min(_slowest(times, tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))))
+               for cuts in itertools.combinations(range(1, n), stages - 1))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_partition_by_time_is_as_good_as_every_split(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 9)
+    stages = rng.randint(1, n)
+    times = [rng.choice([rng.random(), rng.randint(1, 5), 0.0]) for _ in range(n)]
+    balance = partition_by_time(times, stages)
+    assert len(balance) == stages and min(balance) >= 1 and sum(balance) == n
+    assert _slowest(times, balance) == pytest.approx(_brute_force(times, stages), rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("layers,stages", [(16, 1), (16, 2), (16, 3), (7, 7), (10, 4), (34, 8)])
+def test_identical_layers_balance_to_the_equal_split(layers, stages):
+    assert partition_by_time([0.37] * layers, stages) == tuple(len(r) for r in partition(layers, stages))
+
+
+def test_a_slow_first_layer_gets_a_stage_of_its_own():
+    assert partition_by_time([10.0, 1, 1, 1, 1, 1, 1, 1], 2) == (1, 7)
+
+
+def test_balance_decides_the_stages_and_their_costs():
+    model = replace(mlp_model(layers=6, hidden=64, tokens=64), balance=(1, 2, 3))
+    assert stage_layers(model, 3) == [range(0, 1), range(1, 3), range(3, 6)]
+    costs = stage_costs(model, 3, 2, make_profile())  # unit-rate layers: 1e12 FLOP/s, no fixed cost
+    per_layer = 16 * 64**2 * 32 / 1e12
+    assert [c.forward.gpu_s for c in costs] == pytest.approx([per_layer, 2 * per_layer, 3 * per_layer])
+    assert [c.forward.chunks for c in costs] == [1, 2, 3]
+    assert [c.stash_bytes for c in costs] == [k * 10 * 64 * 2 * 32 for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("balance,stages,message", [
+    ((3, 2), 2, "add up to the model's 6 layers"), ((6, 0), 2, "positive"), ((2, 2, 2), 2, "schedule has 2"),
+])
+def test_a_bad_balance_is_one_clear_error(balance, stages, message):
+    with pytest.raises(ModelError, match=message):
+        stage_layers(Model(mlp_model(6, 64, 64).layers, 64, balance), stages)
+
+
+def _conv_profile(slow: str | None = None):
+    """The same rate for every kind, and 10x slower for the profile key `slow` (e.g. one shape of a kind)."""
+    def costs(rate: float) -> LayerCosts:
+        return LayerCosts(*[OpCost(0.0, 0.0, rate)] * 3)
+
+    keys = ("mlp", "conv", "down") + ((slow,) if slow else ())
+    return replace(make_profile(), layers={k: costs(1e11 if k == slow else 1e12) for k in keys})
+
+
+def test_conv_net_is_resnet34_shaped():
+    model = conv_model()
+    assert [(layer.kind, layer.hidden, layer.side) for layer in model.layers] == (
+        [("conv", 64, 56)] * 3 + [("down", 128, 28)] + [("conv", 128, 28)] * 3 + [("down", 256, 14)]
+        + [("conv", 256, 14)] * 5 + [("down", 512, 7)] + [("conv", 512, 7)] * 2)
+    assert sum(layer.params for layer in model.layers) == 21_272_448  # ResNet-34's blocks, without stem and head
+    assert sum(layer.flops_per_token for layer in model.layers) == pytest.approx(7.09e9, rel=1e-3)
+    assert model.tokens == 256 and model.sample == "image"
+    assert [layer.cost_key for layer in model.layers[2:5]] == ["conv@64x56", "down@128x28", "conv@128x28"]
+
+
+def test_balance_by_time_follows_the_profile():
+    model = conv_model(images=8, widths=(8, 16), blocks=(2, 2), side=8)  # conv@8x8 x2, down@16x4, conv@16x4
+    # at one rate, time goes with FLOPs: 18 x 8^2 x 8^2 MACs per conv block, 14 x 16^2 x 4^2 (0.78 of it) for down
+    assert partitioned(model, "time", 2, 1, _conv_profile()).balance == (2, 2)
+    times = layer_times(model, 8, _conv_profile("conv@8x8"))  # the shape's own costs come before its kind's
+    assert times[0] == times[1] == pytest.approx(10 * times[3])
+    assert partitioned(model, "time", 2, 1, _conv_profile("conv@8x8")).balance == (1, 3)
+
+
+def test_layer_time_is_the_slower_of_its_kernels_and_their_launches():
+    profile = replace(make_profile(), layers={"mlp": LayerCosts(*[OpCost(1e-3, 0.0, 1e12)] * 3)})
+    assert layer_times(mlp_model(2, 64, 64), 64, profile) == [3e-3, 3e-3]  # 3 x 16 x 64^2 x 64 FLOPs: 0.8 us
+    big = 10**6
+    assert layer_times(mlp_model(2, 64, big), big, profile)[0] == pytest.approx(3 * 16 * 64**2 * big / 1e12)
+
+
+def test_a_profile_without_conv_costs_says_to_calibrate_them():
+    with pytest.raises(ModelError, match=r"no costs for layer kind 'conv' \(conv@64x56\).*hw calibrate --conv"):
+        stage_costs(conv_model(), 2, 4, make_profile())
+
+
+def test_layers_must_chain():
+    with pytest.raises(ModelError, match=r"layer 1 \(down@16x4\) takes 8x8x8 per sample but layer 0 \(conv@4x8\) "
+                                         r"gives 4x8x8"):
+        Model((Layer("conv", 4, side=8), Layer("down", 16, side=4)), 8)
+
+
+@pytest.mark.parametrize("kind,hidden,side,message", [
+    ("lstm", 8, 1, "unknown layer kind 'lstm'"), ("down", 7, 2, "divisible by 2"), ("mlp", 8, 2, "no side"),
+    ("conv", 0, 2, ">= 1"),
+])
+def test_bad_layers_are_refused(kind, hidden, side, message):
+    with pytest.raises(ModelError, match=message):
+        Layer(kind, hidden, side=side)
+
+
+def test_conv_model_file_loads_with_images(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"images": 32, "layers": [{"kind": "conv", "hidden": 16, "side": 8, "count": 2},
+                                                          {"kind": "down", "hidden": 32, "side": 4}]}))
+    model = load_model(path)
+    assert [layer.cost_key for layer in model.layers] == ["conv@16x8", "conv@16x8", "down@32x4"]
+    assert model.tokens == 32 and model.name == "3 x conv+down(C=16/32, S=8/4), 32 images"
