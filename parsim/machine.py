@@ -94,15 +94,16 @@ class HostThread:
 
     name: str
     steps: list[Launch | Sync] = field(default_factory=list)
-    spans: list[tuple[Op, float, float]] = field(default_factory=list)  # (op launched, start, end)
+    started_at: float = 0.0
+    synced_at: list[float] = field(default_factory=list)  # when each Sync returned, in order
     finished_at: float | None = None
     blocked_on: Op | None = None
 
     def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
         # The thread never blocks between two syncs, so each run of launches is issued in one go,
         # at the times it would reach each op: one simulation event per run instead of per op.
-        spans = self.spans
-        t = env.now
+        # Only the sync times are kept: `spans` replays the launch times from them when asked.
+        t = self.started_at = env.now
         for step in self.steps:
             if type(step) is Launch:  # the op is issued (by every host that must issue it: then waiters wake)
                 op, host_s, first_s = step
@@ -116,7 +117,6 @@ class HostThread:
                     if op.waiters:
                         wake(op)
                 if host_s > 0:
-                    spans.append((op, t, t + host_s))
                     t += host_s
                 continue
             for op in step.ops:  # a sync returns once every op has ended (settled ops may end ahead of the clock)
@@ -126,7 +126,27 @@ class HostThread:
                 if op.end_s > t:
                     t = op.end_s
             self.blocked_on = None
+            self.synced_at.append(t)
         self.finished_at = t
+
+    def spans(self) -> list[tuple[Op, float, float]]:
+        """(op, start, end) of each launch that kept the host busy, for timelines.
+
+        Replayed from the steps and the sync times with run's arithmetic, so the times are run's
+        own; made on demand because large runs are seldom drawn.
+        """
+        spans = []
+        t, synced = self.started_at, iter(self.synced_at)
+        for step in self.steps:
+            if type(step) is Launch:
+                if step.host_s > 0:
+                    spans.append((step.op, t, t + step.host_s))
+                    t += step.host_s
+                continue
+            t = next(synced, None)
+            if t is None:  # the run stopped in this sync (a deadlock)
+                break
+        return spans
 
 
 class Stream:
@@ -245,7 +265,7 @@ class Machine:
 
     def wake(self, op: Op) -> None:
         """Let the streams stopped at `op` go on."""
-        waiters, op.waiters = op.waiters, []  # cleared first: a stream may stop at `op` again
+        waiters, op.waiters = op.waiters, None  # cleared first: a stream may stop at `op` again
         self._go_on(waiters)
 
     def _go_on(self, streams: list[Stream]) -> None:
