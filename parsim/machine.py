@@ -19,6 +19,9 @@ import simpy
 from parsim.errors import ScheduleError
 
 
+_NAN = float("nan")
+
+
 class Op:
     """One piece of device work (kernel, copy, message) on one stream.
 
@@ -39,20 +42,22 @@ class Op:
                  resources: tuple[simpy.Resource, ...] = ()):
         if not gpu_s >= 0:  # also rejects NaN
             raise ScheduleError(f"{label}: duration must be >= 0 seconds, got {gpu_s}")
+        # One store per statement: a large run makes 260k ops, and tuple assignments are slower.
         self.env = env
-        self.label, self.track, self.category = label, track, category
-        self.gpu_s, self.tail_s = gpu_s, tail_s
+        self.label = label
+        self.track = track
+        self.category = category
+        self.gpu_s = gpu_s
+        self.tail_s = tail_s
         self.deps: list[Op] = []
         self.resources = resources
         self.issuers = issuers
-        self.available_at = 0.0
-        self.last_issue_at = 0.0
-        self.start_s = self.end_s = float("nan")
-        self._issued = False
+        self.available_at = self.last_issue_at = 0.0
+        self.start_s = self.end_s = _NAN
         # False until it is done; then True, or the event a host's sync yields on (fired then).
         self._done: bool | simpy.Event = False
+        self._issued = self.held = False  # held: on shared resources, handed to the clock (Machine.hold)
         self.waiters: list[Stream] | None = None  # streams stopped at it until it is issued or done
-        self.held = False  # on shared resources: handed to the clock (Machine.hold)
 
     @property
     def name(self) -> str:
