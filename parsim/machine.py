@@ -9,6 +9,7 @@ serialise on it; ops on different streams and resources overlap.
 from __future__ import annotations
 
 import gc
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ class Op:
     """
 
     __slots__ = ("env", "label", "track", "category", "gpu_s", "tail_s", "deps", "resources", "issuers",
-                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done", "waiters", "held")
+                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done", "waiters", "contended",
+                 "held")
 
     def __init__(self, env: simpy.Environment, label: object, track: str, gpu_s: float, *,
                  category: str = "compute", tail_s: float = 0.0, issuers: int = 1,
@@ -56,7 +58,9 @@ class Op:
         self.start_s = self.end_s = _NAN
         # False until it is done; then True, or the event a host's sync yields on (fired then).
         self._done: bool | simpy.Event = False
-        self._issued = self.held = False  # held: on shared resources, handed to the clock (Machine.hold)
+        self._issued = self.contended = self.held = False
+        # contended: a resource of it is shared with another stream's ops (set by Machine.run);
+        # held: it has been handed to the clock to take them in time order (Machine.hold).
         self.waiters: list[Stream] | None = None  # streams stopped at it until it is issued or done
 
     @property
@@ -158,8 +162,10 @@ class Stream:
     """A CUDA stream (or a message channel): runs its ops one at a time, in order.
 
     An op whose inputs are all known is settled at once, ahead of the clock: its start and end
-    follow from them (max-plus), with no simulation event. Only an op on a shared resource waits
-    for the clock (in a process of its own), so that ops take the resource in time order.
+    follow from them (max-plus), with no simulation event. Only an op on a resource that ops of
+    another stream use too waits for the clock (in a process of its own), so that ops take the
+    resource in time order; a resource only one stream uses never makes it wait longer than the
+    stream does.
     """
 
     def __init__(self, name: str):
@@ -191,7 +197,7 @@ class Stream:
                     blocker = dep
                 elif dep.end_s > ready:
                     ready = dep.end_s
-            if blocker is None and op.resources:
+            if blocker is None and op.contended:
                 if not op.held:  # first time here: hand it to the clock
                     op.held = True
                     machine.env.process(machine.hold(op, ready))
@@ -302,6 +308,7 @@ class Machine:
         """Simulate to the end; return when the last host finished, or raise on a deadlock."""
         env = self.env
         with gc_paused():
+            self._mark_contended()
             for h in self.hosts:
                 env.process(h.run(env, self.wake))
             self._go_on(list(self.streams.values())[::-1])
@@ -310,6 +317,21 @@ class Machine:
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
             raise ScheduleError("deadlock: " + self._stuck_report())
         return max((h.finished_at for h in self.hosts), default=0.0)
+
+    def _mark_contended(self) -> None:
+        """Mark the ops that must take their resources in clock order: those on a resource that
+        ops of several streams use. On a resource of one stream, each op waits for the one
+        before anyway (the stream runs them in order), so it settles like any other op."""
+        users: dict[simpy.Resource, set[Stream]] = defaultdict(set)
+        on_resources = []
+        for s in self.streams.values():
+            ops = [op for op in s.ops if op.resources]
+            for op in ops:
+                for r in op.resources:
+                    users[r].add(s)
+            on_resources += ops
+        for op in on_resources:
+            op.contended = any(len(users[r]) > 1 for r in op.resources)
 
     def _stuck_report(self) -> str:
         lines = []
