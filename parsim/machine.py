@@ -180,8 +180,12 @@ class Stream:
         return next((op for op in self.ops if op._done is not True), None)
 
     def advance(self, machine: Machine) -> None:
-        """Settle ops in order until one waits for something; register there to be woken."""
+        """Settle ops in order until one waits for something; register there to be woken.
+
+        Only Machine's pump calls it, so the streams an op wakes are queued on it directly.
+        """
         ops, k, free_at = self.ops, self.next, self.free_at
+        woken = machine._woken
         while k < len(ops):
             op = ops[k]
             if op._done is True:  # a resource op whose process finished it
@@ -210,7 +214,15 @@ class Stream:
             end = ready + op.gpu_s
             if op.last_issue_at + op.tail_s > end:
                 end = op.last_issue_at + op.tail_s
-            machine.settle(op, ready, end)
+            # machine.settle(op, ready, end), inlined: this runs once per op
+            op.start_s = ready
+            op.end_s = end
+            event, op._done = op._done, True
+            if event is not False:
+                event.succeed()
+            if op.waiters:
+                woken.extend(op.waiters)
+                op.waiters = None
             free_at = end
             k += 1
         self.next, self.free_at = k, free_at
