@@ -193,7 +193,11 @@ def finish_step(machine: Machine) -> None:
     A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
     """
     for host in machine.hosts:
-        last = {step.op.track: step.op for step in host.steps if isinstance(step, Launch)}
+        last: dict[str, Op] = {}
+        for step in host.steps:  # a plain loop, by index: this sees every launch (260k)
+            if type(step) is Launch:
+                op = step[0]
+                last[op.track] = op
         host.steps.append(Sync(tuple(last.values())))
 
 
@@ -217,12 +221,13 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
     """
     held = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
+    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
     for acts in schedule.actions:
-        for a in acts:
-            if a.op == ActionOp.FORWARD:
-                held[a.stage] += 1
-                peak[a.stage] = max(peak[a.stage], held[a.stage])
-            elif a.op in (ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT):
-                held[a.stage] -= 1
+        for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+            if kind == forward:
+                n = held[stage] = held[stage] + 1
+                if n > peak[stage]:
+                    peak[stage] = n
+            elif kind == backward or kind == weight:
+                held[stage] -= 1
     return peak
-
