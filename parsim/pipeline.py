@@ -72,10 +72,6 @@ class Lowered:
     ops: OpTable  # each action's op (for a split action, its last chunk)
     grad_chunks: dict[int, list[Op]]  # stage -> chunks of its last gradient-producing action
 
-    def op(self, action: Action) -> Op | None:
-        """The op that runs `action` (for a split action, its last chunk)."""
-        return self.ops[action.op][action.stage][action.microbatch]
-
 
 def last_gradient_actions(schedule: Schedule) -> dict[int, Action]:
     """Per stage, the action after which its weight gradients are complete (its last B or W)."""
@@ -165,7 +161,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
-        for a, deps in islice(waits, len(acts)):  # inlined, as this runs once per action
+        for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
             kind, stage, mb = a
             op = ops[kind][stage][mb]
             parts = parts_of.get(a) if parts_of else None
