@@ -13,11 +13,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from parsim.predict import predict
-from parsim.profile import load_profile
-from parsim.schedules import build
-from parsim.workload import mlp_model
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # time this checkout's parsim, not whichever one is installed
+
+from parsim.predict import predict  # noqa: E402
+from parsim.profile import load_profile  # noqa: E402
+from parsim.schedules import build  # noqa: E402
+from parsim.workload import mlp_model  # noqa: E402
 
 CASES = [(8, 64), (64, 1024)]  # (stages, micro-batches)
 
@@ -41,7 +45,7 @@ def time_cli(repeat: int) -> float:
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True)
+        subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

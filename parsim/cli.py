@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from parsim.errors import ParsimError
+from parsim.machine import gc_paused
 from parsim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
@@ -166,9 +167,10 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     dp = args.data_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
-    built = build(schedule, args.gpus // dp, microbatches, virtual)
-    model = split_model(args, model, built.num_stages, microbatches, dp, profile)
-    return predict(built, model, profile, args.copy_streams, dp)
+    with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again
+        built = build(schedule, args.gpus // dp, microbatches, virtual)
+        model = split_model(args, model, built.num_stages, microbatches, dp, profile)
+        return predict(built, model, profile, args.copy_streams, dp)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ serialise on it; ops on different streams and resources overlap.
 from __future__ import annotations
 
 import gc
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from typing import NamedTuple
 import simpy
 
 from parsim.errors import ScheduleError
+
+
+_NAN = float("nan")
 
 
 class Op:
@@ -32,27 +36,32 @@ class Op:
     """
 
     __slots__ = ("env", "label", "track", "category", "gpu_s", "tail_s", "deps", "resources", "issuers",
-                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done", "waiters", "held")
+                 "available_at", "last_issue_at", "start_s", "end_s", "_issued", "_done", "waiters", "contended",
+                 "held")
 
     def __init__(self, env: simpy.Environment, label: object, track: str, gpu_s: float, *,
                  category: str = "compute", tail_s: float = 0.0, issuers: int = 1,
                  resources: tuple[simpy.Resource, ...] = ()):
         if not gpu_s >= 0:  # also rejects NaN
             raise ScheduleError(f"{label}: duration must be >= 0 seconds, got {gpu_s}")
+        # One store per statement: a large run makes 260k ops, and tuple assignments are slower.
         self.env = env
-        self.label, self.track, self.category = label, track, category
-        self.gpu_s, self.tail_s = gpu_s, tail_s
+        self.label = label
+        self.track = track
+        self.category = category
+        self.gpu_s = gpu_s
+        self.tail_s = tail_s
         self.deps: list[Op] = []
         self.resources = resources
         self.issuers = issuers
-        self.available_at = 0.0
-        self.last_issue_at = 0.0
-        self.start_s = self.end_s = float("nan")
-        self._issued = False
+        self.available_at = self.last_issue_at = 0.0
+        self.start_s = self.end_s = _NAN
         # False until it is done; then True, or the event a host's sync yields on (fired then).
         self._done: bool | simpy.Event = False
+        self._issued = self.contended = self.held = False
+        # contended: a resource of it is shared with another stream's ops (set by Machine.run);
+        # held: it has been handed to the clock to take them in time order (Machine.hold).
         self.waiters: list[Stream] | None = None  # streams stopped at it until it is issued or done
-        self.held = False  # on shared resources: handed to the clock (Machine.hold)
 
     @property
     def name(self) -> str:
@@ -94,15 +103,16 @@ class HostThread:
 
     name: str
     steps: list[Launch | Sync] = field(default_factory=list)
-    spans: list[tuple[Op, float, float]] = field(default_factory=list)  # (op launched, start, end)
+    started_at: float = 0.0
+    synced_at: list[float] = field(default_factory=list)  # when each Sync returned, in order
     finished_at: float | None = None
     blocked_on: Op | None = None
 
     def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
         # The thread never blocks between two syncs, so each run of launches is issued in one go,
         # at the times it would reach each op: one simulation event per run instead of per op.
-        spans = self.spans
-        t = env.now
+        # Only the sync times are kept: `spans` replays the launch times from them when asked.
+        t = self.started_at = env.now
         for step in self.steps:
             if type(step) is Launch:  # the op is issued (by every host that must issue it: then waiters wake)
                 op, host_s, first_s = step
@@ -116,7 +126,6 @@ class HostThread:
                     if op.waiters:
                         wake(op)
                 if host_s > 0:
-                    spans.append((op, t, t + host_s))
                     t += host_s
                 continue
             for op in step.ops:  # a sync returns once every op has ended (settled ops may end ahead of the clock)
@@ -126,15 +135,37 @@ class HostThread:
                 if op.end_s > t:
                     t = op.end_s
             self.blocked_on = None
+            self.synced_at.append(t)
         self.finished_at = t
+
+    def spans(self) -> list[tuple[Op, float, float]]:
+        """(op, start, end) of each launch that kept the host busy, for timelines.
+
+        Replayed from the steps and the sync times with run's arithmetic, so the times are run's
+        own; made on demand because large runs are seldom drawn.
+        """
+        spans = []
+        t, synced = self.started_at, iter(self.synced_at)
+        for step in self.steps:
+            if type(step) is Launch:
+                if step.host_s > 0:
+                    spans.append((step.op, t, t + step.host_s))
+                    t += step.host_s
+                continue
+            t = next(synced, None)
+            if t is None:  # the run stopped in this sync (a deadlock)
+                break
+        return spans
 
 
 class Stream:
     """A CUDA stream (or a message channel): runs its ops one at a time, in order.
 
     An op whose inputs are all known is settled at once, ahead of the clock: its start and end
-    follow from them (max-plus), with no simulation event. Only an op on a shared resource waits
-    for the clock (in a process of its own), so that ops take the resource in time order.
+    follow from them (max-plus), with no simulation event. Only an op on a resource that ops of
+    another stream use too waits for the clock (in a process of its own), so that ops take the
+    resource in time order; a resource only one stream uses never makes it wait longer than the
+    stream does.
     """
 
     def __init__(self, name: str):
@@ -149,8 +180,12 @@ class Stream:
         return next((op for op in self.ops if op._done is not True), None)
 
     def advance(self, machine: Machine) -> None:
-        """Settle ops in order until one waits for something; register there to be woken."""
+        """Settle ops in order until one waits for something; register there to be woken.
+
+        Only Machine's pump calls it, so the streams an op wakes are queued on it directly.
+        """
         ops, k, free_at = self.ops, self.next, self.free_at
+        woken = machine._woken
         while k < len(ops):
             op = ops[k]
             if op._done is True:  # a resource op whose process finished it
@@ -166,7 +201,7 @@ class Stream:
                     blocker = dep
                 elif dep.end_s > ready:
                     ready = dep.end_s
-            if blocker is None and op.resources:
+            if blocker is None and op.contended:
                 if not op.held:  # first time here: hand it to the clock
                     op.held = True
                     machine.env.process(machine.hold(op, ready))
@@ -179,7 +214,15 @@ class Stream:
             end = ready + op.gpu_s
             if op.last_issue_at + op.tail_s > end:
                 end = op.last_issue_at + op.tail_s
-            machine.settle(op, ready, end)
+            # machine.settle(op, ready, end), inlined: this runs once per op
+            op.start_s = ready
+            op.end_s = end
+            event, op._done = op._done, True
+            if event is not False:
+                event.succeed()
+            if op.waiters:
+                woken.extend(op.waiters)
+                op.waiters = None
             free_at = end
             k += 1
         self.next, self.free_at = k, free_at
@@ -245,7 +288,7 @@ class Machine:
 
     def wake(self, op: Op) -> None:
         """Let the streams stopped at `op` go on."""
-        waiters, op.waiters = op.waiters, []  # cleared first: a stream may stop at `op` again
+        waiters, op.waiters = op.waiters, None  # cleared first: a stream may stop at `op` again
         self._go_on(waiters)
 
     def _go_on(self, streams: list[Stream]) -> None:
@@ -277,6 +320,7 @@ class Machine:
         """Simulate to the end; return when the last host finished, or raise on a deadlock."""
         env = self.env
         with gc_paused():
+            self._mark_contended()
             for h in self.hosts:
                 env.process(h.run(env, self.wake))
             self._go_on(list(self.streams.values())[::-1])
@@ -285,6 +329,21 @@ class Machine:
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
             raise ScheduleError("deadlock: " + self._stuck_report())
         return max((h.finished_at for h in self.hosts), default=0.0)
+
+    def _mark_contended(self) -> None:
+        """Mark the ops that must take their resources in clock order: those on a resource that
+        ops of several streams use. On a resource of one stream, each op waits for the one
+        before anyway (the stream runs them in order), so it settles like any other op."""
+        users: dict[simpy.Resource, set[Stream]] = defaultdict(set)
+        on_resources = []
+        for s in self.streams.values():
+            ops = [op for op in s.ops if op.resources]
+            for op in ops:
+                for r in op.resources:
+                    users[r].add(s)
+            on_resources += ops
+        for op in on_resources:
+            op.contended = any(len(users[r]) > 1 for r in op.resources)
 
     def _stuck_report(self) -> str:
         lines = []

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
-from parsim.dataflow import iter_waits, transfers
+from parsim.dataflow import iter_wait_keys, transfers
 from parsim.machine import Launch, Machine, Op, Sync
 from parsim.profile import LinkSpec, Profile
-from parsim.schedules import COMPUTE_OPS, Action, Op as ActionOp, Schedule
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op as ActionOp, Schedule
 from parsim.workload import StageCost, Work
 
 
@@ -53,9 +54,22 @@ class Chunk:
         return f"{self.action}[{self.k + 1}/{self.n}]"
 
 
+OpTable = dict[str, list[list[Op | None]]]  # table[op][stage][microbatch]: an action's op
+
+
+def op_table(schedule: Schedule) -> OpTable:
+    """An empty table with a slot for every action a valid schedule can hold.
+
+    Actions are looked up by position rather than hashed: lowering looks one up for each
+    dependency, and indexing small lists is about twice as fast as a dict of 400k tuples.
+    """
+    s, m = schedule.num_stages, schedule.num_microbatches
+    return {op: [[None] * m for _ in range(s)] for op in ALL_OPS}
+
+
 @dataclass
 class Lowered:
-    ops: dict[Action, Op]  # each action's op (for a split action, its last chunk)
+    ops: OpTable  # each action's op (for a split action, its last chunk)
     grad_chunks: dict[int, list[Op]]  # stage -> chunks of its last gradient-producing action
 
 
@@ -72,7 +86,7 @@ def last_gradient_actions(schedule: Schedule) -> dict[int, Action]:
 def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
           copy_streams: bool = False, gpu_offset: int = 0, grad_buckets: dict[int, int] | None = None,
           ) -> Lowered:
-    """Build one training step of `schedule` on GPUs gpu_offset.. of `machine`.
+    """Build one training step of a validated `schedule` on GPUs gpu_offset.. of `machine`.
 
     A compute action is one op on its GPU's compute stream, its kernels launched layer by
     layer; a send and its receive are one message op on the channel src->dst, issued by both
@@ -80,68 +94,93 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     into n equal chunks, one per gradient bucket, as DDP's hooks see them. No host syncs yet:
     `finish_step` adds them once every op is in place.
     """
-    ops: dict[Action, Op] = {}
-    parts_of: dict[Action, list[Op]] = {}  # the last gradient-producing actions, in chunks
-    split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     launches = _compute_launches(costs, profile)
+    ops = op_table(schedule)
+    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops)
+    _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
+    _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of)
+    return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
+
+
+def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
+                 gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable) -> dict[Action, list[Op]]:
+    """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
+    return the split actions' chunks (action -> ops; `ops` holds the last chunk)."""
+    parts_of: dict[Action, list[Op]] = {}
+    split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     env = machine.env
     for rank, acts in enumerate(schedule.actions):
         track = compute_track(gpu_offset + rank)
         stream = machine.stream(track).ops
         for a in acts:
-            if a.op in COMPUTE_OPS:
-                gpu_s, tail_s, _, _ = launches[a.op][a.stage]
-                if not split or a not in split:
-                    op = Op(env, a, track, gpu_s, tail_s=tail_s)
-                    stream.append(op)
-                    ops[a] = op
-                    continue
-                n = split[a]
-                parts = [Op(env, Chunk(a, k, n) if n > 1 else a, track, gpu_s / n, tail_s=tail_s / n)
-                         for k in range(n)]
-                stream += parts
-                parts_of[a], ops[a] = parts, parts[-1]  # consumers wait for the whole action
+            kind, stage, mb = a  # unpacked, not read by name: this loop runs once per action
+            if kind not in COMPUTE_OPS:
+                continue
+            gpu_s, tail_s, _, _ = launches[kind][stage]
+            if not split or a not in split:
+                op = ops[kind][stage][mb] = Op(env, a, track, gpu_s, tail_s=tail_s)
+                stream.append(op)
+                continue
+            n = split[a]
+            parts = [Op(env, Chunk(a, k, n) if n > 1 else a, track, gpu_s / n, tail_s=tail_s / n) for k in range(n)]
+            stream += parts
+            parts_of[a] = parts
+            ops[kind][stage][mb] = parts[-1]  # consumers wait for the whole action
+    return parts_of
+
+
+def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
+                 gpu_offset: int, ops: OpTable) -> None:
+    """Put each message's op on its channel's stream, in the sender's order; in `ops`, its send
+    and its receive map to it."""
+    env = machine.env
     for (src, dst), msgs in transfers(schedule).items():
         src, dst = src + gpu_offset, dst + gpu_offset
         name, spec, shared = link_for(profile, src, dst)
         resources = (machine.resource(name),) if shared else ()
         track = f"link {src}->{dst}"
         stream = machine.stream(track).ops
-        seconds_of = {}  # (op, stage) -> seconds: every micro-batch's message is the same size
+        seconds_of: dict[tuple[str, int], float] = {}  # (op, stage) -> seconds: every micro-batch's message is the same size
         for t in msgs:
-            key = t.send.op, t.send.stage
+            send, recv = t[0], t[1]  # t.send, t.recv, read by index: this loop runs once per message
+            key = send[0], send[1]
             seconds = seconds_of.get(key)
             if seconds is None:
-                seconds = seconds_of[key] = spec.time_s(_message_bytes(t.send, costs))
+                seconds = seconds_of[key] = spec.time_s(_message_bytes(send, costs))
             op = Op(env, t, track, seconds, category="comm", issuers=2, resources=resources)
             stream.append(op)
-            ops[t.send] = ops[t.recv] = op
-    p2p_s = profile.host.p2p_s
+            ops[send[0]][send[1]][send[2]] = ops[recv[0]][recv[1]][recv[2]] = op
+
+
+def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
+                   p2p_s: float, copy_streams: bool, gpu_offset: int, ops: OpTable,
+                   parts_of: dict[Action, list[Op]]) -> None:
+    """Each rank's host program (a launch per op, in program order), and each op's dependencies:
+    what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
+    waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
-    waits = iter_waits(schedule, copy_streams)  # in the same order as the loop below
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
-        for a in acts:
-            _, deps = next(waits)
-            op = ops[a]
+        for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
+            kind, stage, mb = a
+            op = ops[kind][stage][mb]
             parts = parts_of.get(a) if parts_of else None
             waiter = parts[0] if parts else op
             waiter_deps = waiter.deps
-            for d in deps:
-                dep = ops[d]
+            for d_kind, d_stage, d_mb in deps:  # a message op gathers its send's and its receive's
+                dep = ops[d_kind][d_stage][d_mb]
                 if dep is not waiter and dep not in waiter_deps:
                     waiter_deps.append(dep)
-            if a.op not in COMPUTE_OPS:
+            if kind not in COMPUTE_OPS:
                 append(new_tuple(Launch, (op, p2p_s, p2p_s)))
                 continue
-            _, _, host_s, first_s = launches[a.op][a.stage]
+            _, _, host_s, first_s = launches[kind][stage]
             if parts is None:
                 append(new_tuple(Launch, (op, host_s, first_s)))
                 continue
             n = len(parts)
             for part in parts:
                 append(new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))))
-    return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
 def finish_step(machine: Machine) -> None:
@@ -150,7 +189,11 @@ def finish_step(machine: Machine) -> None:
     A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
     """
     for host in machine.hosts:
-        last = {step.op.track: step.op for step in host.steps if isinstance(step, Launch)}
+        last: dict[str, Op] = {}
+        for step in host.steps:  # a plain loop, by index: this sees every launch (260k)
+            if type(step) is Launch:
+                op = step[0]
+                last[op.track] = op
         host.steps.append(Sync(tuple(last.values())))
 
 
@@ -174,15 +217,16 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
     """
     held = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
+    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
     for acts in schedule.actions:
-        for a in acts:
-            if a.op == ActionOp.FORWARD:
-                held[a.stage] += 1
-                peak[a.stage] = max(peak[a.stage], held[a.stage])
-            elif a.op in (ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT):
-                held[a.stage] -= 1
+        for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+            if kind == forward:
+                n = held[stage] = held[stage] + 1
+                if n > peak[stage]:
+                    peak[stage] = n
+            elif kind == backward or kind == weight:
+                held[stage] -= 1
     return peak
-
 
 
 def peak_held_bytes(schedule: Schedule, stash_bytes: list[int]) -> list[int]:
@@ -191,14 +235,16 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int]) -> list[int]:
     A rank with several stages holds less than the sum of their peaks where those do not coincide
     (ZB-V's two stages peak at 2p+1 chunk-micro-batches together, but hold at most 2p at once).
     """
+    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
     peaks = []
     for acts in schedule.actions:
         held = peak = 0
-        for a in acts:
-            if a.op == ActionOp.FORWARD:
-                held += stash_bytes[a.stage]
-                peak = max(peak, held)
-            elif a.op in (ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT):
-                held -= stash_bytes[a.stage]
+        for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+            if kind == forward:
+                held += stash_bytes[stage]
+                if held > peak:
+                    peak = held
+            elif kind == backward or kind == weight:
+                held -= stash_bytes[stage]
         peaks.append(peak)
     return peaks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from parsim.machine import Machine, Op, gc_paused
+from parsim.machine import HostThread, Machine, Op, gc_paused
 from parsim.dataparallel import add_gradient_allreduce, gradient_buckets
 from parsim.pipeline import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
@@ -57,7 +57,12 @@ class Simulation:
 
     step_time_s: float
     ops: list[Op]
-    host_spans: dict[str, list[tuple[Op, float, float]]]
+    hosts: list[HostThread]
+
+    @property
+    def host_spans(self) -> dict[str, list[tuple[Op, float, float]]]:
+        """Host name -> (op, start, end) of each launch: built when a timeline asks for it."""
+        return {h.name: h.spans() for h in self.hosts}
 
 
 def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
@@ -75,7 +80,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         finish_step(machine)
         step = machine.run()
     ops = [op for s in machine.streams.values() for op in s.ops]
-    return Simulation(step, ops, {h.name: h.spans for h in machine.hosts})
+    return Simulation(step, ops, machine.hosts)
 
 
 def single_gpu_step_s(model: Model, profile: Profile) -> float:

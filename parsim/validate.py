@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
+from operator import itemgetter
 
 from parsim.dataflow import issue_waits, transfers
 from parsim.errors import ScheduleError
@@ -15,15 +16,20 @@ def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: boo
     The deadlock check walks the whole wait graph; the simulator, which finds deadlocks as it
     runs, skips it (check_deadlock=False) to stay fast on large schedules.
     """
-    _check_shape(schedule)
+    counts = _check_shape(schedule)
     _check_each_action_once(schedule)
-    _check_compute_complete(schedule)
-    _check_messages_pair_up(schedule)
+    _check_compute_complete(schedule, counts)
+    _check_messages_pair_up(schedule, counts)
     if check_deadlock:
         _check_no_deadlock(schedule, copy_streams)
 
 
-def _check_shape(schedule: Schedule) -> None:
+_OP_STAGE, _MICROBATCH, _RECV = itemgetter(0, 1), itemgetter(2), itemgetter(1)  # of an Action; _RECV of a Transfer
+
+
+def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:
+    """Sizes, and every action's op, stage, rank and micro-batch in range; return how many actions
+    each (op, stage) has, which the completeness checks read instead of counting again."""
     s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     if s < 1 or m < 1 or p < 1:
         raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
@@ -32,10 +38,10 @@ def _check_shape(schedule: Schedule) -> None:
                             f"entries for {s} stages")
     if any(not 0 <= r < p for r in schedule.stage_to_rank):
         raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
+    counts: Counter[tuple[str, int]] = Counter()
     for rank, acts in enumerate(schedule.actions):
         # Checked per distinct (op, stage) and over column extremes: large schedules repeat them.
-        kinds = set((a.op, a.stage) for a in acts)
-        mbs = [a.microbatch for a in acts]
+        kinds = Counter(map(_OP_STAGE, acts))  # counted in C: this sees every action
         for op, stage in sorted(kinds):
             a = next(x for x in acts if x.op == op and x.stage == stage)
             if op not in ALL_OPS:
@@ -47,9 +53,11 @@ def _check_shape(schedule: Schedule) -> None:
                                     f"{schedule.stage_to_rank[stage]}, which hosts stage {stage}")
             if op not in COMPUTE_OPS:
                 _check_comm_endpoint(schedule, rank, a)
-        if mbs and not (0 <= min(mbs) and max(mbs) < m):
+        if acts and not (0 <= min(map(_MICROBATCH, acts)) and max(map(_MICROBATCH, acts)) < m):
             a = next(x for x in acts if not 0 <= x.microbatch < m)
             raise ScheduleError(f"rank {rank}: {a} is outside {s} stages x {m} micro-batches")
+        counts.update(kinds)
+    return counts
 
 
 def _check_comm_endpoint(schedule: Schedule, rank: int, a: Action) -> None:
@@ -62,6 +70,9 @@ def _check_comm_endpoint(schedule: Schedule, rank: int, a: Action) -> None:
 
 
 def _check_each_action_once(schedule: Schedule) -> None:
+    # An action's stage names its rank (checked before), so one action cannot be on two ranks.
+    if all(len(set(acts)) == len(acts) for acts in schedule.actions):
+        return
     everything = [a for acts in schedule.actions for a in acts]
     if len(set(everything)) != len(everything):
         counts = Counter(everything)
@@ -69,10 +80,10 @@ def _check_each_action_once(schedule: Schedule) -> None:
         raise ScheduleError(f"{schedule.name}: {first} appears {counts[first]} times")
 
 
-def _check_compute_complete(schedule: Schedule) -> None:
-    """Every stage runs each micro-batch's forward once and its backward once (as B, or as I+W)."""
+def _check_compute_complete(schedule: Schedule, counts: Counter[tuple[str, int]]) -> None:
+    """Every stage runs each micro-batch's forward once and its backward once (as B, or as I+W);
+    `counts` has each (op, stage)'s number of actions."""
     m = schedule.num_microbatches
-    counts = Counter((a.op, a.stage) for acts in schedule.actions for a in acts)
     if all(counts[Op.FORWARD, s] == m and (counts[Op.BACKWARD, s], counts[Op.BACKWARD_INPUT, s],
                                            counts[Op.BACKWARD_WEIGHT, s]) in ((m, 0, 0), (0, m, m))
            for s in range(schedule.num_stages)):
@@ -91,10 +102,10 @@ def _check_compute_complete(schedule: Schedule) -> None:
                                     "is missing or incomplete")
 
 
-def _check_messages_pair_up(schedule: Schedule) -> None:
-    """Each needed message is sent and received once, in the same order at both ends."""
+def _check_messages_pair_up(schedule: Schedule, counts: Counter[tuple[str, int]]) -> None:
+    """Each needed message is sent and received once, in the same order at both ends; `counts`
+    has each (op, stage)'s number of actions."""
     stage_to_rank, m = schedule.stage_to_rank, schedule.num_microbatches
-    counts = Counter((a.op, a.stage) for acts in schedule.actions for a in acts if not a.is_compute)
     for s in range(schedule.num_stages - 1):
         if stage_to_rank[s] == stage_to_rank[s + 1]:
             continue
@@ -106,13 +117,9 @@ def _check_messages_pair_up(schedule: Schedule) -> None:
         if missing:
             a = min(missing)
             raise ScheduleError(f"{schedule.name}: {a} is missing on rank {stage_to_rank[a.stage]}")
-    recvs: dict[tuple[int, int], list[Action]] = defaultdict(list)
-    for rank, acts in enumerate(schedule.actions):
-        for a in acts:
-            if a.op == Op.RECV_F or a.op == Op.RECV_B:
-                recvs[schedule.peer(a), rank].append(a)
+    recvs = _receives_by_channel(schedule)
     for (src, dst), msgs in transfers(schedule).items():
-        expected = [t.recv for t in msgs]
+        expected = list(map(_RECV, msgs))
         got = recvs.get((src, dst), [])
         if expected == got:
             continue
@@ -121,6 +128,18 @@ def _check_messages_pair_up(schedule: Schedule) -> None:
                 raise ScheduleError(f"channel rank {src} -> rank {dst}: message {k} is sent as "
                                     f"{msgs[k].send} but rank {dst} expects {r}; NCCL matches messages "
                                     "in order, so this would deadlock or corrupt data")
+
+
+def _receives_by_channel(schedule: Schedule) -> dict[tuple[int, int], list[Action]]:
+    """(src, dst) -> the receives rank dst runs from rank src, in its program order."""
+    recv_f, recv_b, owner = Op.RECV_F, Op.RECV_B, schedule.stage_to_rank
+    recvs: dict[tuple[int, int], list[Action]] = {}
+    for rank, acts in enumerate(schedule.actions):
+        by_src: dict[int, list[Action]] = defaultdict(list)
+        for a in [a for a in acts if a[0] == recv_f or a[0] == recv_b]:  # by index: this sees every action
+            by_src[owner[a[1] - 1] if a[0] == recv_f else owner[a[1] + 1]].append(a)
+        recvs.update(((src, rank), got) for src, got in by_src.items())
+    return recvs
 
 
 def _check_no_deadlock(schedule: Schedule, copy_streams: bool) -> None:
