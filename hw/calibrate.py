@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import least_squares
 from tqdm import tqdm
 
-from hw.models import LAYER_KINDS, MlpBlock
+from hw.models import LAYER_KINDS
 from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
 from parsim.errors import ParsimError
@@ -186,55 +186,72 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
-IN_STEP = (16, 2048, 8192)  # layers, hidden, tokens: the grid's compute-bound model, one micro-batch
+def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> float:
+    """GPU time of one micro-batch's forward plus backward of `model` inside hw's real step on one GPU.
 
-
-def _chain_probe_s(device: torch.device, dtype: torch.dtype, hidden: int, tokens: int) -> float:
-    """Forward plus full backward of one layer, timed as layer_samples times it (a chain, fresh from idle)."""
-    stack = torch.nn.Sequential(*(MlpBlock(hidden) for _ in range(LAYER_DEPTH))).to(device, dtype)
-    x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
-    y = stack(x)
-    g, params = torch.randn_like(y), list(stack.parameters())
-    forward = gpu_time_s(lambda: stack(x), device, batch=2, repeat=5)
-    backward = gpu_time_s(lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True), device, batch=2, repeat=5)
-    return (forward + backward) / LAYER_DEPTH
-
-
-def in_step_slowdown(device: torch.device, dtype: torch.dtype) -> dict:
-    """How much slower a layer runs inside hw's real step than in calibrate's short chain probe.
-
-    Timed in situ (CUDA events around the forward and backward actions of hw's own executor, ~1 s
-    of steps) against the chain probe at the same shape, fresh from idle. It covers the lower clocks
-    of a GPU under sustained load and what a real step adds (on an H200, chain probes after ~1 s of
-    matmuls were 6-7% slower than fresh, and in situ another 6-7%: data/validation/h200-2026-11-23-gpu-spans.json).
-    The factor scales every layer cost (1 on the CPU).
+    CUDA events around the actions of hw's own executor, over ~1 s of steps: at the clocks of a GPU
+    under sustained load, with whatever a real step adds to the layers' kernels.
     """
-    if device.type != "cuda":
-        return {"factor": 1.0}
     from hw.executor import StageRunner, make_batch, split_batch
     from hw.measure import ActionTimer
     from hw.models import build_stage
     from parsim.schedules import gpipe
-    from parsim.workload import mlp_model
 
-    layers, hidden, tokens = IN_STEP
-    fresh = _chain_probe_s(device, dtype, hidden, tokens)
-    model = mlp_model(layers, hidden, tokens)
     stage = build_stage(model, 1, 0, device=device).to(dtype)
     runner = StageRunner(gpipe(1, 1), 0, {0: stage}, {})
     io = split_batch(*make_batch(model, device, dtype), 1)
     timer = ActionTimer(device)
-    for step in range(25):  # ~1 s: as long as hw measure's timed steps
+    for step in range(25):
         for p in stage.parameters():
             p.grad = None
         runner.step(io, timer if step >= 15 else None)
     sync(device)
-    in_step = sum(statistics.median(v) for v in timer.seconds().values()) / layers
-    return {"fresh_s": fresh, "in_step_s": in_step, "shape": IN_STEP, "factor": max(in_step / fresh, 1.0)}
+    return sum(statistics.median(v) for v in timer.seconds().values())
 
 
-def layer_costs(samples: list[dict], host: dict, slowdown: float = 1.0) -> tuple[LayerCosts, dict[str, Fit]]:
-    """Per-layer op costs: host from `host`, GPU from affine fits, stretched by the in-step slowdown."""
+IN_STEP_MODELS = {"mlp": lambda: mlp_model(16, 2048, 8192), "conv": lambda: conv_model()}  # one per family
+FAMILY = {"mlp": "mlp", "conv": "conv", "down": "conv"}  # layer kind -> the model its slowdown is timed on
+
+
+def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch.device, dtype: torch.dtype,
+                      ) -> dict[str, dict]:
+    """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
+
+    The fits come from short probes fresh from idle; in a step the GPU is under sustained load (lower
+    clocks) and the layers' kernels meet each other's data. On an H200 MLP blocks ran 12% slower in
+    situ than their fits, conv blocks about 3% (data/validation/h200-2026-11-23-gpu-spans.json).
+    Every layer cost of the family is stretched by its factor; 1 on the CPU.
+    """
+    from parsim.workload import stage_costs
+
+    out = {}
+    for family in sorted({FAMILY[k.split("@")[0]] for k in costs}):
+        if device.type != "cuda":
+            out[family] = {"factor": 1.0}
+            continue
+        model = IN_STEP_MODELS[family]()
+        fitted = stage_costs(model, 1, 1, dataclasses.replace(base, layers=costs))[0]
+        in_step = in_step_gpu_s(model, device, dtype)
+        out[family] = {"model": model.name, "fitted_s": fitted.forward.gpu_s + fitted.backward.gpu_s,
+                       "in_step_s": in_step}
+        out[family]["factor"] = max(in_step / out[family]["fitted_s"], 1.0)
+    return out
+
+
+def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[str, LayerCosts]:
+    """Every layer's GPU cost times its family's in-step slowdown."""
+    def op(cost: OpCost, f: float) -> OpCost:
+        return OpCost(cost.host_s, cost.fixed_s * f, cost.flops_per_s / f)
+
+    out = {}
+    for key, c in costs.items():
+        f = slowdowns[FAMILY[key.split("@")[0]]]["factor"]
+        out[key] = LayerCosts(op(c.forward, f), op(c.backward_input, f), op(c.backward_weight, f))
+    return out
+
+
+def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, Fit]]:
+    """Per-layer op costs: host from `host`, GPU from affine fits (before any in-step slowdown)."""
     flops = [s["flops"] for s in samples]
     weight = [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]
     fits = {"forward": fit_affine(flops, [s["forward_s"] for s in samples]),
@@ -242,13 +259,12 @@ def layer_costs(samples: list[dict], host: dict, slowdown: float = 1.0) -> tuple
             "backward_weight": fit_affine(flops, weight)}
     hosts = {"forward": host["forward_s"], "backward_input": host["backward_input_s"],
              "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
-    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s * slowdown, fits[k].rate / slowdown)
+    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate)
                          for k in ("forward", "backward_input", "backward_weight")))
     return costs, fits
 
 
-def fitted_costs(rows: list[dict], host: dict[str, dict], slowdown: float = 1.0,
-                 ) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:
+def fitted_costs(rows: list[dict], host: dict[str, dict]) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:
     """Costs per kind over all its shapes ("conv") and per shape ("conv@64x56"): small kernels run far
     below the large ones' rate. host: per-layer host costs by kind."""
     costs, fits = {}, {}
@@ -257,7 +273,7 @@ def fitted_costs(rows: list[dict], host: dict[str, dict], slowdown: float = 1.0,
         groups = {kind: of_kind, **{key: [r for r in of_kind if r["key"] == key]
                                     for key in dict.fromkeys(r["key"] for r in of_kind)}}
         for key, group in groups.items():
-            costs[key], key_fits = layer_costs(group, host[kind], slowdown)
+            costs[key], key_fits = layer_costs(group, host[kind])
             fits |= {_fit_name(kind, key, op): f for op, f in key_fits.items()}
     return costs, fits
 
@@ -418,7 +434,8 @@ def main(args: argparse.Namespace) -> int:
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
     save_profile(profile, out)
     _report(fits, out, samples_path)
-    print(f"in-step slowdown x{samples['in_step_slowdown']['factor']:.3f} applied to every layer cost")
+    for family, slow in samples["in_step_slowdown"].items():
+        print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} applied to their costs")
     return 0
 
 
@@ -452,8 +469,9 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             hosts[kind], _, kind_fits = host_costs(host_rows[kind])
             fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
             progress.update()
-        load = in_step_slowdown(device, dtype)
-        layers, layer_fits = fitted_costs(layer_rows, hosts, load["factor"])
+        layers, layer_fits = fitted_costs(layer_rows, hosts)
+        load = in_step_slowdowns(layers, base, device, dtype)
+        layers = stretched(layers, load)
         fits |= layer_fits
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
         links, link_fits, copy_rows = copy_links(device, copy_sizes)

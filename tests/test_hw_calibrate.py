@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs  # noqa: E402
+from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
 from parsim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -89,15 +89,17 @@ def test_host_costs_split_per_layer_slope_from_per_action_intercept():
     assert not any(f.poor for f in fits.values())
 
 
-def test_in_step_slowdown_stretches_every_layer_cost():
+def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():
     samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
                 "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]
     host = {"forward_s": 1e-4, "backward_input_s": 1e-4, "backward_s": 3e-4}
     fresh, _ = layer_costs(samples, host)
-    hot, _ = layer_costs(samples, host, slowdown=1.1)
-    for a, b in ((fresh.forward, hot.forward), (fresh.backward_input, hot.backward_input),
-                 (fresh.backward_weight, hot.backward_weight)):
-        assert b.gpu_s(1e11) == pytest.approx(1.1 * a.gpu_s(1e11)) and b.host_s == a.host_s
+    costs = {"mlp": fresh, "mlp@2048": fresh, "conv@64x56": fresh, "down": fresh}
+    hot = stretched(costs, {"mlp": {"factor": 1.1}, "conv": {"factor": 1.03}})
+    for key, f in (("mlp", 1.1), ("mlp@2048", 1.1), ("conv@64x56", 1.03), ("down", 1.03)):
+        for a, b in ((fresh.forward, hot[key].forward), (fresh.backward_input, hot[key].backward_input),
+                     (fresh.backward_weight, hot[key].backward_weight)):
+            assert b.gpu_s(1e11) == pytest.approx(f * a.gpu_s(1e11)) and b.host_s == a.host_s
 
 
 def test_layer_costs_are_fitted_per_kind_and_per_shape():
