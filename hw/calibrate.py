@@ -72,6 +72,7 @@ def fit_affine(work: list[float], seconds: list[float]) -> Fit:
 
 # --- 1. layers ---------------------------------------------------------------------------------
 
+LEAD_CYCLES = 20_000_000  # a spin kernel of ~10 ms on an H200: longer than the host takes to queue what follows
 LAYER_DEPTH = 4  # layers per timing: each reads the one before's output where it can, as in a real stage
 
 
@@ -100,7 +101,7 @@ def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer],
             gs = [torch.randn_like(y) for y in ys]
 
             def per_layer(fn) -> float:
-                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=20_000_000) / LAYER_DEPTH
+                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=LEAD_CYCLES) / LAYER_DEPTH
 
             fwd = per_layer(forward)
             input_grad = per_layer(lambda: torch.autograd.grad(ys, xs, gs, retain_graph=True))
@@ -204,6 +205,8 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
     for step in range(25):
         for p in stage.parameters():
             p.grad = None
+        if step >= 15:  # a spin first, so the host has queued the forward before the GPU gets to it:
+            torch.cuda._sleep(LEAD_CYCLES)  # the spans time the GPU alone; the model adds the host's lead
         runner.step(io, timer if step >= 15 else None)
     sync(device)
     return sum(statistics.median(v) for v in timer.seconds().values())
