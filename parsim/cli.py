@@ -255,9 +255,10 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
-        shown = f"{value:.3f}" if key.endswith("_ratio") else fmt_time(value)
+        shown = (f"{value:.3f}" if key.endswith("_ratio") else f"{value:.0f}" if key.endswith("_count")
+                 else fmt_time(value))
         mark = "   <- headline" if key == result.headline else ""
-        print(f"  {key:<28} {shown:>12}{mark}")
+        print(f"  {key:<34} {shown:>12}{mark}")
     return 0
 
 

@@ -16,7 +16,7 @@ from parsim.machine import Launch, Machine, Sync
 from parsim.predict import predict
 from parsim.profile import KernelCost, Profile
 from parsim.schedules import build
-from parsim.workload import Model, mlp_model
+from parsim.workload import Model, conv_model, mlp_model
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,26 @@ COPY_STREAMS = PipelineScenario(
     "speedup_ratio",
     lambda t: {"speedup_ratio": t["compute_stream_s"] / t["copy_streams_s"]},
 )
-PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS,)}
+RESNET_SPLITS = (2, 4, 8, 16, 32)  # micro-batches of the pipelined runs ("split sizes" of 256 / m images)
+
+
+def _resnet_ratios(t: dict[str, float]) -> dict[str, float]:
+    """Naive model parallelism against one GPU, and the best pipelined split against one GPU."""
+    best = min(RESNET_SPLITS, key=lambda m: t[f"pipelined_m{m}_s"])
+    return {"model_parallel_over_single_ratio": t["model_parallel_s"] / t["single_gpu_s"],
+            "best_speedup_ratio": t["single_gpu_s"] / t[f"pipelined_m{best}_s"], "best_microbatches_count": best}
+
+
+PIPELINED_RESNET = PipelineScenario(
+    "pipelined-resnet",
+    "the conv net (ResNet-34-like, 256 images) on one GPU, split over two (naive model parallel), and pipelined",
+    lambda tiny: conv_model(images=32, widths=(4, 8), blocks=(1, 1), side=8) if tiny else conv_model(),
+    (PipelinePoint("single_gpu_s", "gpipe", 1, 1), PipelinePoint("model_parallel_s", "gpipe", 2, 1),
+     *(PipelinePoint(f"pipelined_m{m}_s", "gpipe", 2, m) for m in RESNET_SPLITS)),
+    "best_speedup_ratio",
+    _resnet_ratios,
+)
+PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS, PIPELINED_RESNET)}
 
 
 def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile) -> ScenarioResult:

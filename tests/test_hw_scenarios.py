@@ -22,6 +22,7 @@ def _hw(*argv: str) -> subprocess.CompletedProcess:
     ("async", {"sync_each_s", "sync_once_s", "speedup_ratio"}),
     ("overlap", {"pinned_serial_s", "pinned_overlapped_s", "pageable_serial_s", "pageable_overlapped_s"}),
     ("copy-streams", {"compute_stream_s", "copy_streams_s", "speedup_ratio"}),
+    ("pipelined-resnet", {"single_gpu_s", "model_parallel_s", "pipelined_m4_s", "best_speedup_ratio"}),
 ])
 def test_scenario_runs_on_cpu_and_reports_parsims_figures(name, keys, tmp_path):
     out = tmp_path / "r.json"

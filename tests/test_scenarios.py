@@ -11,9 +11,11 @@ from parsim.errors import ProfileError
 from parsim.profile import HostCosts, KernelCost, LinkSpec
 from parsim.scenarios import (
     COPY_STREAMS,
+    PIPELINED_RESNET,
     async_front_end,
     copy_compute_overlap,
     multi_gpu_matmuls,
+    RESNET_SPLITS as PIPELINED_RESNET_SPLITS,
     predict_pipeline_scenario,
 )
 
@@ -92,3 +94,21 @@ def test_copy_streams_hide_slow_messages_that_stall_the_compute_stream():
     r = predict_pipeline_scenario(COPY_STREAMS, slow)
     assert r.figures["copy_streams_s"] < r.figures["compute_stream_s"]
     assert r.figures["speedup_ratio"] == pytest.approx(r.figures["compute_stream_s"] / r.figures["copy_streams_s"])
+
+
+def _conv_profile(action_s: float):
+    """Free messages, `action_s` of host time per compute action, conv layers at the unit MLP rate."""
+    p = make_profile(action_s=action_s)
+    return dataclasses.replace(p, layers={**p.layers, "conv": p.layers["mlp"], "down": p.layers["mlp"]})
+
+
+def test_naive_model_parallelism_only_takes_turns_and_pipelining_nearly_halves_the_step():
+    r = predict_pipeline_scenario(PIPELINED_RESNET, _conv_profile(0.0))
+    assert r.figures["model_parallel_over_single_ratio"] == pytest.approx(1.0)
+    assert 1.8 < r.figures["best_speedup_ratio"] < 2.0
+    assert r.figures["best_microbatches_count"] == max(PIPELINED_RESNET_SPLITS)  # nothing makes splitting cost
+
+
+def test_a_middle_split_wins_once_each_micro_batch_costs_the_host():
+    r = predict_pipeline_scenario(PIPELINED_RESNET, _conv_profile(0.05))
+    assert min(PIPELINED_RESNET_SPLITS) < r.figures["best_microbatches_count"] < max(PIPELINED_RESNET_SPLITS)
