@@ -73,6 +73,7 @@ def fit_affine(work: list[float], seconds: list[float]) -> Fit:
 # --- 1. layers ---------------------------------------------------------------------------------
 
 LEAD_CYCLES = 20_000_000  # a spin kernel of ~10 ms on an H200: longer than the host takes to queue what follows
+IN_STEP_LEAD_CYCLES = 2_000_000  # ~1 ms: short beside a step, so the GPU stays as loaded as in hw measure
 LAYER_DEPTH = 4  # layers per timing: each reads the one before's output where it can, as in a real stage
 
 
@@ -205,8 +206,8 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
     for step in range(25):
         for p in stage.parameters():
             p.grad = None
-        if step >= 15:  # a spin first, so the host has queued the forward before the GPU gets to it:
-            torch.cuda._sleep(LEAD_CYCLES)  # the spans time the GPU alone; the model adds the host's lead
+        if step >= 15:  # a ~1 ms spin first, so the host has queued the first layer before the GPU gets to it:
+            torch.cuda._sleep(IN_STEP_LEAD_CYCLES)  # the spans time the GPU alone; the model adds the host's lead
         runner.step(io, timer if step >= 15 else None)
     sync(device)
     return sum(statistics.median(v) for v in timer.seconds().values())
