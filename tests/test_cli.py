@@ -62,8 +62,6 @@ def test_sweep_prints_a_row_per_schedule_and_count(capsys):
     (["predict", "--gpus", "4096", "--microbatches", "4096", "--layers", "4096", "--tokens", "4096"], "past the"),
     (["predict", "--schedule", "1f1b", "--virtual-stages", "2"], "one stage per GPU"),
     (["predict", "--schedule", "interleaved-1f1b", "--microbatches", "6", "--tokens", "6"], "multiple of the GPU count"),
-    (["predict", "--conv"], "no costs for layer kind 'conv' (conv@64x56)"),
-    (["predict", "--conv", "--partition", "time"], "calibrate them with `python -m hw calibrate --conv`"),
     (["predict", "--gpus", "2", "--balance", "10,5"], "add up to the model's 16 layers"),
     (["predict", "--gpus", "4", "--balance", "8,8"], "gives 2 stages but the schedule has 4"),
     (["predict", "--gpus", "2", "--balance", "8,x"], "expected a whole number"),
@@ -79,6 +77,20 @@ def test_bad_input_gives_one_line_and_exit_2(argv, message):
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.parametrize("extra,message", [([], "no costs for layer kind 'conv' (conv@64x56)"),
+                                           (["--partition", "time"], "calibrate them with `python -m hw calibrate --conv`")])
+def test_conv_net_with_a_profile_without_conv_costs_says_what_to_calibrate(tmp_path, extra, message):
+    from parsim.profile import load_profile, save_profile
+
+    shipped = load_profile(None)
+    path = tmp_path / "mlp-only.json"
+    save_profile(replace(shipped, layers={k: v for k, v in shipped.layers.items() if k.startswith("mlp")}), path)
+    result = subprocess.run([sys.executable, "-m", "parsim", "predict", "--conv", "--profile", str(path), *extra],
+                            capture_output=True, text=True)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0]
 
 
 def test_trace_into_a_missing_folder_is_a_clear_error(tmp_path):
