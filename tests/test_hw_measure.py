@@ -70,13 +70,25 @@ def test_measure_without_enough_gpus_says_so_before_starting_anything():
     (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "10 tokens do not split into 4 equal"),
     (["--cpu", "--gpus", "2", "--layers", "4", "--balance", "3,2"], "add up to the model's 4 layers"),
     (["--cpu", "--gpus", "2", "--layers", "4", "--balance", "1,1,2"], "gives 3 stages but the schedule has 2"),
-    (["--cpu", "--gpus", "2", "--conv", "--partition", "time"], "calibrate them with `python -m hw calibrate --conv`"),
     (["--cpu", "--gpus", "2", "--conv", "--hidden", "8"], "--conv takes --images, not --hidden"),
     (["--cpu", "--gpus", "3", "--data-parallel", "2"], "--gpus 3 does not split into 2 equal pipeline replicas"),
 ])
 def test_bad_measure_input_is_one_line_and_exit_2(argv, message):
     r = _measure(*argv)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_balancing_the_conv_net_by_a_profile_without_conv_costs_says_what_to_calibrate(tmp_path):
+    from dataclasses import replace
+
+    from parsim.profile import load_profile, save_profile
+
+    shipped = load_profile(None)
+    path = tmp_path / "mlp-only.json"
+    save_profile(replace(shipped, layers={k: v for k, v in shipped.layers.items() if k.startswith("mlp")}), path)
+    r = _measure("--cpu", "--gpus", "2", "--conv", "--partition", "time", "--profile", str(path))
+    assert r.returncode == 2 and "calibrate them with `python -m hw calibrate --conv`" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_each_rank_writes_its_trace_beside_rank_zeros():
