@@ -155,7 +155,11 @@ def error_table(points: list[Point]) -> str:
                      f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  {'yes' if p.host_sensitive else '':<3}{note}")
     lines.append("")
     gpu_bound = [p for p in points if not p.host_sensitive]
-    for name, part in (("all", points), ("GPU-bound (not host-sensitive)", gpu_bound)):
+    parts = [("all", points), ("GPU-bound (not host-sensitive)", gpu_bound)]
+    labels = sorted({p.label for p in points})
+    if len(labels) > 1:  # the error per schedule, GPU-bound points only
+        parts += [(f"  {label}, GPU-bound", [p for p in gpu_bound if p.label == label]) for label in labels]
+    for name, part in parts:
         if any(not p.excluded for p in part):
             s = summary(part)
             lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "

@@ -31,6 +31,7 @@ def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "median |error|" in result.stdout and "excluded: fixture" in result.stdout
     assert "\nall: " in result.stdout and "\nGPU-bound (not host-sensitive): " in result.stdout
+    assert "\n  1f1b, GPU-bound: " in result.stdout and "\n  gpipe, GPU-bound: " in result.stdout  # per schedule
     pngs = sorted(p.name for p in tmp_path.iterdir())
     assert pngs == ["results-fixture-speedups.png", "results-fixture-step-times.png"]
     assert all((tmp_path / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
