@@ -225,15 +225,6 @@ def model_label(model: Model) -> str:
     return model.name
 
 
-def parse_mlp_spec(text: str) -> tuple[int, int, int]:
-    """'16x2048x8192' -> (layers, hidden, tokens); ValueError if it is not three whole numbers."""
-    parts = text.strip().lower().split("x")
-    if len(parts) != 3:
-        raise ValueError(f"expected LAYERSxHIDDENxTOKENS, got {text!r}")
-    layers, hidden, tokens = (int(v) for v in parts)
-    return layers, hidden, tokens
-
-
 def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_bytes: int = 2) -> Model:
     """The default model: `layers` identical MLP blocks."""
     for name, value in (("layers", layers), ("hidden", hidden), ("tokens", tokens)):
