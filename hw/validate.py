@@ -22,7 +22,7 @@ from parsim.files import write_atomic
 from parsim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import SCHEDULES, build, schedule_name
-from parsim.workload import Model, mlp_model, parse_mlp_spec
+from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -35,18 +35,12 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def _models(text: str) -> list[tuple[int, int, int]]:
-    """'16x2048x8192,8x256x1024' -> [(layers, hidden, tokens), ...]."""
-    out = []
-    for spec in text.split(","):
-        try:
-            sizes = parse_mlp_spec(spec)
-        except ValueError:
-            raise ParsimError(f"--models takes LAYERSxHIDDENxTOKENS items, got {spec!r}") from None
-        if min(sizes) < 1:
-            raise ParsimError(f"--models needs whole numbers >= 1, got {spec!r}")
-        out.append(sizes)
-    return out
+def _models(text: str) -> list[Model]:
+    """'16x2048x8192,conv:256' -> the models those specs name (see model_from_spec)."""
+    specs = [spec for spec in text.split(",") if spec.strip()]
+    if not specs:
+        raise ParsimError(f"--models names none; it takes specs separated by commas: {MODEL_SPECS}")
+    return [model_from_spec(spec) for spec in specs]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedules", default="gpipe,1f1b")
     p.add_argument("--microbatches", default="1,2,4,8,16,32")
     p.add_argument("--models", default="16x2048x8192,8x256x1024",
-                   help="LAYERSxHIDDENxTOKENS, comma-separated (default: a compute-bound and a dispatch-bound one)")
+                   help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
+                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8 (default: a compute-bound and "
+                        "a dispatch-bound MLP stack)")
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of calibrating first")
     p.add_argument("--out", default="validation", metavar="DIR", help="folder for the CSV, profile and plots")
     p.add_argument("--steps", type=int, default=10)
@@ -66,11 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
 
 
-def _profile(args: argparse.Namespace, out: Path):
+def _profile(args: argparse.Namespace, out: Path, conv: bool = False):
+    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net)."""
     if args.profile:
         return load_profile(args.profile), args.profile
     path = out / "profile.json"
-    cmd = [sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"] + (["--cpu"] if args.cpu else [])
+    cmd = ([sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"] + (["--cpu"] if args.cpu else [])
+           + (["--conv"] if conv else []))
     done = subprocess.run(cmd, text=True, stdout=sys.stderr)
     if done.returncode:
         raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
@@ -97,8 +95,9 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
     s, model = job.schedule, job.model
     predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel)
     c = measured["config"]
-    return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "layers": len(model.layers),
-            "hidden": model.layers[0].hidden, "tokens": model.tokens, "measured_s": measured["step_time_s"],
+    return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
+            "layers": len(model.layers), "hidden": model.layers[0].hidden, "tokens": model.tokens,  # for old readers
+            "measured_s": measured["step_time_s"],
             "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
             "measured_single_gpu_s": measured["single_device_step_s"],
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
@@ -108,7 +107,7 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["excluded", "data_parallel", "copy_streams", "dtype",
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams", "dtype",
                                                              "device", "torch", "date", "profile"])
     writer.writeheader()
     writer.writerows(rows)
@@ -125,15 +124,14 @@ def main(args: argparse.Namespace) -> int:
         schedules = [schedule_name(s) for s in schedules]
     except argparse.ArgumentTypeError as e:
         raise ParsimError(str(e)) from None
-    specs = _models(args.models)
+    models = _models(args.models)
     if not args.cpu:
         require_gpus(max(gpus))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile, profile_path = _profile(args, out)
+    profile, profile_path = _profile(args, out, any(m.layers[0].kind != "mlp" for m in models))
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
-    models = [mlp_model(*spec) for spec in specs]
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
     grid = [(model, [job for p in gpus for d, c in variants for s in schedules for m in mbs
                      if (job := _job(s, p, m, model, config, d, c))]) for model in models]

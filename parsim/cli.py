@@ -16,8 +16,8 @@ from parsim.profile import Profile, load_profile
 from parsim.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model, parse_mlp_spec,
-                             partitioned)
+from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
+                             model_from_spec, partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -145,8 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
     c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
     c.add_argument("--timeline", metavar="TRACE", help="a `hw measure --trace` file to lay over the simulated step")
-    c.add_argument("--point", metavar="SCHEDULE,GPUS,M,LxHxT", help="the measured point of --timeline, "
-                                                                   "e.g. 1f1b,2,8,16x2048x8192")
+    c.add_argument("--point", metavar="SCHEDULE,GPUS,M,SPEC", help="the measured point of --timeline, e.g. "
+                   "1f1b,2,8,16x2048x8192 or gpipe,2,8,conv:256 (SPEC as in `hw validate --models`)")
     c.add_argument("--gpu", type=int, default=0, help="the rank the trace is of (default 0)")
     return parser
 
@@ -283,13 +283,13 @@ def _overlay(args: argparse.Namespace) -> Path:
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")
-        layers, hidden, tokens = parse_mlp_spec(spec)
         gpus, m = int(gpus), int(m)
     except ValueError:
-        raise ParsimError(f"--point takes SCHEDULE,GPUS,M,LAYERSxHIDDENxTOKENS, got {args.point!r}") from None
+        raise ParsimError(f"--point takes SCHEDULE,GPUS,M,SPEC, got {args.point!r}") from None
+    model = model_from_spec(spec)
     if not 0 <= args.gpu < gpus:
         raise ParsimError(f"--gpu must name one of the point's {gpus} GPUs, got {args.gpu}")
-    _, sim = predict(build(schedule, gpus, m), mlp_model(layers, hidden, tokens), load_profile(args.profile))
+    _, sim = predict(build(schedule, gpus, m), model, load_profile(args.profile))
     out = Path(args.out) if args.out else Path(args.timeline).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")

@@ -1,7 +1,8 @@
 """Predicted against measured: the error table and the plots, re-drawn offline from a results CSV.
 
 `hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
-are kept and ignored); a row whose `excluded` column is non-empty is shown but left out of the
+are kept and ignored) and `model`, the model's spec (parsim.workload.model_from_spec); a CSV without
+that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is non-empty is shown but left out of the
 error summary, with that column as its measured reason.
 
 The summary is given twice: over every point, and over the points where the GPU sets the pace. A
@@ -19,8 +20,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from parsim.errors import ParsimError
+from parsim.errors import ModelError, ParsimError
 from parsim.files import write_png
+from parsim.workload import Model, model_from_spec, model_label
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
 
@@ -47,6 +49,11 @@ class Point:
     data_parallel: int = 1  # replicas of a gpus/data_parallel-rank pipeline
     copy_streams: bool = False
     host_sensitive: bool = False  # see the module's docstring
+    spec: str = ""  # the model's spec; "": the MLP stack of layers, hidden and tokens
+
+    def workload(self) -> Model:
+        """The measured model, rebuilt from its spec."""
+        return model_from_spec(self.spec or f"{self.layers}x{self.hidden}x{self.tokens}")
 
     @property
     def label(self) -> str:
@@ -56,7 +63,8 @@ class Point:
 
     @property
     def model(self) -> str:
-        return f"{self.layers}x h={self.hidden}, {self.tokens} tokens"
+        """The model's readable name, for the table's rows and the plots' groups."""
+        return model_label(self.workload())
 
     @property
     def error(self) -> float:
@@ -99,9 +107,11 @@ def read_points(path: str | Path) -> list[Point]:
             if dp < 1 or sizes[0] % dp:
                 raise ValueError(f"data_parallel {dp} does not divide gpus {sizes[0]}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
-            points.append(Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
-                                data_parallel=dp, copy_streams=copy, **times))
-        except (TypeError, ValueError) as e:
+            point = Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
+                          data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(), **times)
+            point.workload()  # a bad spec is this line's error, not a later one's
+            points.append(point)
+        except (TypeError, ValueError, ModelError) as e:
             raise ParsimError(f"results {path}, line {n}: {e}") from None
     if not points:
         raise ParsimError(f"results {path} has no rows")
@@ -111,10 +121,9 @@ def read_points(path: str | Path) -> list[Point]:
 def _predict(p: Point, profile):
     from parsim.predict import predict
     from parsim.schedules import build
-    from parsim.workload import mlp_model
 
     return predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
-                   mlp_model(p.layers, p.hidden, p.tokens), profile, p.copy_streams, p.data_parallel)[0]
+                   p.workload(), profile, p.copy_streams, p.data_parallel)[0]
 
 
 def repredict(points: list[Point], profile) -> list[Point]:

@@ -150,13 +150,79 @@ def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int | N
         raise ModelError(f"balance {text} gives {len(balance)} stages but the schedule has {num_stages}")
 
 
-def parse_mlp_spec(text: str) -> tuple[int, int, int]:
-    """'16x2048x8192' -> (layers, hidden, tokens); ValueError if it is not three whole numbers."""
-    parts = text.strip().lower().split("x")
-    if len(parts) != 3:
-        raise ValueError(f"expected LAYERSxHIDDENxTOKENS, got {text!r}")
-    layers, hidden, tokens = (int(v) for v in parts)
-    return layers, hidden, tokens
+MODEL_SPECS = ("LAYERSxHIDDENxTOKENS (an MLP stack, e.g. 16x2048x8192), conv:IMAGES (the conv net, e.g. conv:256) "
+               "or conv:IMAGES:WIDTHS:BLOCKS:SIDE (a custom conv net, e.g. conv:8:4-8:1-2:8)")
+CONV_DEFAULTS = ((64, 128, 256, 512), (3, 4, 6, 3), 56)  # conv_model's widths, blocks, side
+
+
+def model_from_spec(text: str) -> Model:
+    """A model from its one-word spec, as `hw validate --models` and results CSVs name it.
+
+    `LxHxT`: L MLP blocks of hidden size H, T tokens per step (mlp_model). `conv:N`: the conv net
+    (conv_model) on N images per step. `conv:N:W1-W2:B1-B2:S`: a conv net of groups of B1, B2, ...
+    blocks of W1, W2, ... channels on an S x S input map (conv_model(N, widths, blocks, S)), e.g.
+    conv:8:4-8:1-2:8 for a tiny one. ModelError naming these forms if the text is none of them.
+    """
+    try:
+        return _from_spec(text.strip().lower())
+    except ModelError as e:
+        raise ModelError(f"model spec {text!r}: {e}") from None
+    except ValueError:
+        raise ModelError(f"bad model spec {text!r}; expected {MODEL_SPECS}") from None
+
+
+def _from_spec(text: str) -> Model:
+    """model_from_spec without its error wording: ValueError for a malformed spec."""
+    if not text.startswith("conv:"):
+        layers, hidden, tokens = _whole_numbers(text, "x", 3)
+        return mlp_model(layers, hidden, tokens)
+    parts = text.split(":")[1:]
+    if len(parts) == 1:
+        return conv_model(int(parts[0]))
+    if len(parts) != 4:
+        raise ValueError(text)
+    widths, blocks = _whole_numbers(parts[1], "-"), _whole_numbers(parts[2], "-")
+    return conv_model(int(parts[0]), widths, blocks, int(parts[3]))
+
+
+def _whole_numbers(text: str, sep: str, count: int | None = None) -> tuple[int, ...]:
+    """'4-8' -> (4, 8); ValueError unless every item is a whole number (and there are `count` of them)."""
+    values = tuple(int(v) for v in text.split(sep))
+    if count is not None and len(values) != count:
+        raise ValueError(text)
+    return values
+
+
+def model_spec(model: Model) -> str:
+    """The spec model_from_spec turns back into `model`: what a results CSV's `model` column holds."""
+    first = model.layers[0]
+    if first.kind == "mlp":
+        spec = f"{len(model.layers)}x{first.hidden}x{model.tokens}"
+    else:
+        starts = [i for i, layer in enumerate(model.layers) if i == 0 or layer.kind == "down"]
+        widths = tuple(model.layers[i].hidden for i in starts)
+        blocks = tuple(b - a for a, b in zip(starts, starts[1:] + [len(model.layers)]))
+        custom = (widths, blocks, first.side) != CONV_DEFAULTS
+        spec = f"conv:{model.tokens}" + (f":{_dashed(widths)}:{_dashed(blocks)}:{first.side}" if custom else "")
+    try:
+        same = _from_spec(spec) == replace(model, balance=None)
+    except (ModelError, ValueError):
+        same = False
+    if not same:
+        raise ModelError(f"{model.name} has no model spec; specs name {MODEL_SPECS}")
+    return spec
+
+
+def _dashed(values: tuple[int, ...]) -> str:
+    return "-".join(map(str, values))
+
+
+def model_label(model: Model) -> str:
+    """A short readable name for tables and plots: '16x h=2048, 8192 tokens' for an MLP stack, else Model.name."""
+    first = model.layers[0]
+    if first.kind == "mlp" and all(layer == first for layer in model.layers) and model.balance is None:
+        return f"{len(model.layers)}x h={first.hidden}, {model.tokens} tokens"
+    return model.name
 
 
 def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_bytes: int = 2) -> Model:

@@ -124,3 +124,40 @@ def test_host_slower_profile_scales_every_host_cost_and_nothing_else():
         assert slow.layers[key].forward.host_s == 2 * costs.forward.host_s
         assert slow.layers[key].backward_weight.fixed_s == costs.backward_weight.fixed_s
     assert slow.links == profile.links
+
+
+def test_a_csv_without_the_model_column_names_the_mlp_stack_by_its_sizes(tmp_path):
+    from parsim.profile import load_profile
+
+    old = read_points(FIXTURE)  # written before `model` was
+    assert all(p.spec == "" for p in old) and old[0].model == "16x h=2048, 8192 tokens"
+    rows = list(csv.DictReader(FIXTURE.open()))
+    for r in rows:
+        r["model"] = f"{r['layers']}x{r['hidden']}x{r['tokens']}"
+    new = read_points(_write(tmp_path / "r.csv", rows))
+    assert [p.model for p in new] == [p.model for p in old]
+    profile = load_profile(None)
+    assert [p.predicted_s for p in repredict(new, profile)] == [p.predicted_s for p in repredict(old, profile)]
+
+
+def test_the_model_column_names_a_conv_net_that_repredict_rebuilds(tmp_path):
+    from parsim.predict import predict
+    from parsim.profile import load_profile
+    from parsim.schedules import build
+    from parsim.workload import conv_model
+
+    rows = list(csv.DictReader(FIXTURE.open()))[:1]
+    rows[0].update(model="conv:8:4-8:1-2:8", layers="3", hidden="4", tokens="8", gpus="2", microbatches="2")
+    point, = read_points(_write(tmp_path / "r.csv", rows))
+    assert point.model == "3 x conv+down(C=4/8, S=8/4), 8 images"
+    profile = load_profile(None)  # its kind-level "conv" and "down" costs price the tiny net
+    expected, _ = predict(build("gpipe", 2, 2), conv_model(8, (4, 8), (1, 2), 8), profile)
+    assert repredict([point], profile)[0].predicted_s == pytest.approx(expected.step_time_s)
+    assert mark_host_sensitive([point], profile)[0].host_sensitive in (True, False)
+
+
+def test_a_bad_model_spec_names_the_line(tmp_path):
+    rows = [{**r, "model": ""} for r in csv.DictReader(FIXTURE.open())]
+    rows[1]["model"] = "conv:eight"
+    with pytest.raises(ParsimError, match="line 3: bad model spec 'conv:eight'"):
+        read_points(_write(tmp_path / "r.csv", rows))

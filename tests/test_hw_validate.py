@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-from parsim.compare import read_points  # noqa: E402
+from parsim.compare import read_points, repredict  # noqa: E402
+from parsim.profile import load_profile  # noqa: E402
 
 
 def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
@@ -45,3 +48,24 @@ def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
     points = read_points(out / "results.csv")
     assert sorted((p.data_parallel, p.copy_streams) for p in points) == [(1, False), (1, True), (2, False), (2, True)]
     assert {p.label for p in points} == {"1f1b", "1f1b copy-streams", "1f1b dp2", "1f1b dp2 copy-streams"}
+
+
+def test_validate_runs_a_tiny_conv_net_named_by_its_spec(tmp_path):
+    out, spec = tmp_path / "v", "conv:8:4-8:1-2:8"
+    shipped = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"  # kind-level conv, down costs
+    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "2", "--schedules", "gpipe",
+                        "--microbatches", "2", "--models", spec, "--profile", str(shipped), "--steps", "1",
+                        "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(row["model"], row["layers"], row["hidden"], row["tokens"]) for row in rows] == [(spec, "3", "4", "8")]
+    point, = read_points(out / "results.csv")
+    assert point.model == "3 x conv+down(C=4/8, S=8/4), 8 images" and point.model in r.stdout
+    again, = repredict([point], load_profile(shipped))
+    assert again.predicted_s == pytest.approx(point.predicted_s)
+
+
+def test_validate_refuses_a_bad_model_spec_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--models", "2x16x8,conv:8:4"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad model spec 'conv:8:4'" in r.stderr

@@ -35,10 +35,11 @@ def test_a_trace_without_kernels_or_not_json_gets_a_clear_error(tmp_path):
         measured_kernels(bad)
 
 
-def test_compare_timeline_writes_the_overlay_png(tmp_path):
+@pytest.mark.parametrize("spec", ["4x256x1024", "conv:8:4-8:1-2:8"])
+def test_compare_timeline_writes_the_overlay_png(tmp_path, spec):
     trace = _trace(tmp_path / "step.json.gz", [("gemm", 0, 500), ("gemm", 600, 900)])
     r = subprocess.run([sys.executable, "-m", "parsim", "compare", "--timeline", str(trace), "--point",
-                        "1f1b,2,4,4x256x1024", "--gpu", "1"], capture_output=True, text=True)
+                        f"1f1b,2,4,{spec}", "--gpu", "1"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     png = tmp_path / "step-overlay.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and str(png) in r.stdout
@@ -48,6 +49,7 @@ def test_compare_timeline_writes_the_overlay_png(tmp_path):
     ([], "needs --measured"),
     (["--timeline", "t.json", "--point", "1f1b,2"], "--point takes"),
     (["--timeline", "t.json", "--point", "1f1b,2,4,4x256x1024", "--gpu", "2"], "--gpu must name"),
+    (["--timeline", "t.json", "--point", "1f1b,2,4,conv:x"], "bad model spec 'conv:x'"),
 ])
 def test_compare_timeline_bad_input_gets_one_line(argv, message):
     r = subprocess.run([sys.executable, "-m", "parsim", "compare", *argv], capture_output=True, text=True)

@@ -12,8 +12,9 @@ from conftest import make_profile
 
 from parsim.errors import ModelError
 from parsim.profile import LayerCosts, OpCost
-from parsim.workload import (Layer, Model, conv_model, layer_times, load_model, mlp_model, partition,
-                             partition_by_time, partitioned, stage_costs, stage_layers)
+from parsim.workload import (Layer, Model, conv_model, layer_times, load_model, mlp_model, model_from_spec,
+                             model_label, model_spec, partition, partition_by_time, partitioned, stage_costs,
+                             stage_layers)
 
 
 def _slowest(times: list[float], balance: tuple[int, ...]) -> float:
@@ -129,3 +130,39 @@ def test_conv_model_file_loads_with_images(tmp_path):
     model = load_model(path)
     assert [layer.cost_key for layer in model.layers] == ["conv@16x8", "conv@16x8", "down@32x4"]
     assert model.tokens == 32 and model.name == "3 x conv+down(C=16/32, S=8/4), 32 images"
+
+
+@pytest.mark.parametrize("text,model,spec", [
+    ("16x2048x8192", mlp_model(16, 2048, 8192), "16x2048x8192"),
+    (" 8X256X1024 ", mlp_model(8, 256, 1024), "8x256x1024"),
+    ("conv:256", conv_model(256), "conv:256"),
+    ("conv:256:64-128-256-512:3-4-6-3:56", conv_model(256), "conv:256"),
+    ("conv:8:4-8:1-2:8", conv_model(8, (4, 8), (1, 2), 8), "conv:8:4-8:1-2:8"),
+    ("conv:4:8:2:4", conv_model(4, (8,), (2,), 4), "conv:4:8:2:4"),
+])
+def test_model_spec_names_the_model_and_round_trips(text, model, spec):
+    assert model_from_spec(text) == model
+    assert model_spec(model) == spec and model_from_spec(spec) == model
+
+
+@pytest.mark.parametrize("text,message", [
+    ("16x2048", "expected LAYERSxHIDDENxTOKENS .*, conv:IMAGES .* or conv:IMAGES:WIDTHS:BLOCKS:SIDE"),
+    ("mlp", "expected LAYERSxHIDDENxTOKENS"), ("conv:", "expected LAYERSxHIDDENxTOKENS"),
+    ("conv:8:4-8:1-2", "expected LAYERSxHIDDENxTOKENS"), ("conv:8:4-x:1-2:8", "expected LAYERSxHIDDENxTOKENS"),
+    ("0x16x8", "'0x16x8': --layers must be at least 1"), ("conv:0", "--images must be at least 1"),
+    ("conv:8:4-8:1:8", "a width and at least one block per group"), ("conv:8:4-8:1-2:7", "side 7 cannot halve"),
+])
+def test_bad_model_spec_is_one_message_naming_the_forms(text, message):
+    with pytest.raises(ModelError, match=message):
+        model_from_spec(text)
+
+
+def test_a_model_no_spec_names_says_so():
+    fp32 = Model((Layer("mlp", 16, dtype_bytes=4),) * 2, 8)  # specs name bf16 models
+    with pytest.raises(ModelError, match="has no model spec"):
+        model_spec(fp32)
+
+
+def test_model_label_keeps_the_mlp_name_of_old_tables_and_names_a_conv_net_in_full():
+    assert model_label(mlp_model(16, 2048, 8192)) == "16x h=2048, 8192 tokens"
+    assert model_label(conv_model(8, (4, 8), (1, 2), 8)) == "3 x conv+down(C=4/8, S=8/4), 8 images"
