@@ -152,7 +152,7 @@ def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int | N
 
 MODEL_SPECS = ("LAYERSxHIDDENxTOKENS (an MLP stack, e.g. 16x2048x8192), conv:IMAGES (the conv net, e.g. conv:256) "
                "or conv:IMAGES:WIDTHS:BLOCKS:SIDE (a custom conv net, e.g. conv:8:4-8:1-2:8)")
-CONV_DEFAULTS = ((64, 128, 256, 512), (3, 4, 6, 3), 56)  # conv_model's widths, blocks, side
+CONV_DEFAULTS = ((64, 128, 256, 512), (3, 4, 6, 3), 56)  # the conv net's widths, blocks and side (ResNet-34's)
 
 
 def model_from_spec(text: str) -> Model:
@@ -233,8 +233,8 @@ def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_by
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 
 
-def conv_model(images: int = 256, widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...] = (3, 4, 6, 3),
-               side: int = 56, dtype_bytes: int = 2) -> Model:
+def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], blocks: tuple[int, ...] = CONV_DEFAULTS[1],
+               side: int = CONV_DEFAULTS[2], dtype_bytes: int = 2) -> Model:
     """A ResNet-34-like net of pre-activation basic blocks: group g has blocks[g] blocks of widths[g] channels,
     its first a `down` block (half the side) in every group after the first.
 
