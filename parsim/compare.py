@@ -155,11 +155,12 @@ def summary(points: list[Point]) -> dict[str, float]:
 
 
 def error_table(points: list[Point]) -> str:
-    lines = [f"{'model':<28} {'schedule':<24} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
+    w = max(28, *(len(p.model) for p in points))  # a conv net's name is longer than an MLP stack's
+    lines = [f"{'model':<{w}} {'schedule':<24} {'gpus':>4} {'m':>4} {'measured':>10} {'predicted':>10} "
              f"{'error':>7} {'speedup m/p':>13}  host-sensitive"]
     for p in points:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
-        lines.append(f"{p.model:<28} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
+        lines.append(f"{p.model:<{w}} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
                      f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  {'yes' if p.host_sensitive else '':<3}{note}")
     lines.append("")
