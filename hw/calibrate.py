@@ -138,6 +138,7 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     Also the host time of an input-grad alone per layer, to split the backward's share.
     """
     from hw.executor import StageRunner, make_batch, split_batch
+    from hw.measure import HostSpans
     from hw.models import build_stage
     from parsim.schedules import Op, gpipe
 
@@ -147,26 +148,18 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
         stage = build_stage(model, 1, 0, device=device).to(dtype)
         runner = StageRunner(schedule, 0, {0: stage}, {})
         io = split_batch(*make_batch(model, device, dtype), microbatches)
-        spans: dict[str, list[float]] = {Op.FORWARD: [], Op.BACKWARD: []}
-        started: dict = {}
-
-        def observe(action, phase: str) -> None:
-            if phase == "start":
-                started[action] = time.perf_counter()
-            else:
-                spans[action.op].append(time.perf_counter() - started.pop(action))
-
+        spans = HostSpans()
         for step in range(3):
             runner.step(io)
         with host_pinned(device, 0):  # as hw measure times its steps
             for step in range(5):
-                runner.step(io, observe)
+                runner.step(io, spans)
         sync(device)
         x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
         y = stage(x)
         g = torch.randn_like(y)
-        rows.append({"layers": k, "forward_s": statistics.median(spans[Op.FORWARD]),
-                     "backward_s": statistics.median(spans[Op.BACKWARD]),
+        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
+                     "backward_s": statistics.median(spans.of(Op.BACKWARD)),
                      "input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
                                                    device, repeat=10),
                      "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
@@ -345,34 +338,26 @@ def _p2p_host_s(rank: int, device: torch.device) -> list[float]:
     import torch.distributed as dist
 
     from hw.executor import StageRunner, channel_groups, make_batch, split_batch, stage_modules
+    from hw.measure import HostSpans
     from parsim.schedules import one_f_one_b
     from parsim.workload import mlp_model
 
     m = 16
     schedule, model = one_f_one_b(2, m), mlp_model(2, 64, 8 * m)
     channels = channel_groups(schedule)  # every rank joins the group calls
-    times: list[float] = []
+    spans = HostSpans(keep=lambda action: not action.is_compute)
     if rank < 2:
         runner = StageRunner(schedule, rank, stage_modules(model, schedule, rank, device, torch.float32), channels)
         io = split_batch(*make_batch(model, device, torch.float32), m)
-        started: dict = {}
-
-        def observe(action, phase: str) -> None:
-            if not action.is_compute:
-                if phase == "start":
-                    started[action] = time.perf_counter()
-                else:
-                    times.append(time.perf_counter() - started.pop(action))
-
         for k in range(3):
             runner.step(io)
             sync(device)
         with host_pinned(device, local_rank(rank)):  # as hw measure times its steps
             for k in range(5):
-                runner.step(io, observe)
+                runner.step(io, spans)
                 sync(device)
     dist.barrier()
-    return times
+    return [seconds for _, seconds in spans.spans]
 
 
 def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, CollectiveSpec, dict, dict]:

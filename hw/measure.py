@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -68,6 +69,27 @@ class ActionTimer:
         for action, start, end in self.spans:
             out[action.stage, action.op].append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
         return out
+
+
+class HostSpans:
+    """The host's wall time around each action `keep` accepts: what the front end spends issuing it."""
+
+    def __init__(self, keep: Callable[[Action], bool] = lambda action: True):
+        self.keep = keep
+        self.open: dict[Action, float] = {}
+        self.spans: list[tuple[Action, float]] = []
+
+    def __call__(self, action: Action, phase: str) -> None:
+        if not self.keep(action):
+            return
+        if phase == "start":
+            self.open[action] = time.perf_counter()
+        else:
+            self.spans.append((action, time.perf_counter() - self.open.pop(action)))
+
+    def of(self, op: str) -> list[float]:
+        """The spans of every action of kind `op`."""
+        return [s for action, s in self.spans if action.op == op]
 
 
 def _sync(device: torch.device) -> None:

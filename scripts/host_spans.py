@@ -19,6 +19,7 @@ import torch
 
 from hw.calibrate import host_costs, host_samples
 from hw.executor import StageRunner, make_batch, split_batch
+from hw.measure import HostSpans
 from hw.models import build_stage
 from hw.opcosts import sync
 from hw.workers import host_pinned
@@ -32,15 +33,7 @@ def run(device: torch.device, microbatches: int, steps: int = 20) -> dict:
     runner = StageRunner(gpipe(1, microbatches), 0, {0: stage}, {})
     io = split_batch(*make_batch(model, device, torch.bfloat16), microbatches)
     params = list(stage.parameters())
-    spans: list[float] = []
-    started: dict = {}
-
-    def observe(action, phase: str) -> None:
-        if phase == "start":
-            started[action] = time.perf_counter()
-        else:
-            spans.append(time.perf_counter() - started.pop(action))
-
+    spans = HostSpans()
     for _ in range(3):
         runner.step(io)
     rows = []
@@ -48,14 +41,15 @@ def run(device: torch.device, microbatches: int, steps: int = 20) -> dict:
         for _ in range(steps):
             for p in params:
                 p.grad = None
-            spans.clear()
+            spans.spans.clear()
             before = [g["collections"] for g in gc.get_stats()]
             sync(device)
             t0 = time.perf_counter()
-            runner.step(io, observe)
+            runner.step(io, spans)
             t_host = time.perf_counter() - t0
             sync(device)
-            rows.append({"step_s": time.perf_counter() - t0, "host_loop_s": t_host, "spans_s": sum(spans),
+            spans_s = sum(seconds for _, seconds in spans.spans)
+            rows.append({"step_s": time.perf_counter() - t0, "host_loop_s": t_host, "spans_s": spans_s,
                          "gc": [g["collections"] - b for g, b in zip(gc.get_stats(), before)]})
     med = {k: statistics.median(r[k] for r in rows) for k in ("step_s", "host_loop_s", "spans_s")}
     return {"microbatches": microbatches, **med, "gc_total": [sum(r["gc"][i] for r in rows) for i in range(3)],
