@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from parsim.cli import OneLineErrors, run_command
@@ -35,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, module = _parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
-    if args.command != "measure" and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    from hw.workers import under_torchrun  # torch is loaded by now: the chosen command's module imports it
+
+    if args.command != "measure" and under_torchrun():
         print(f"error: `hw {args.command}` starts its own processes; run it without torchrun "
               "(only `hw measure` runs as torchrun's ranks)", file=sys.stderr)
         return 2
