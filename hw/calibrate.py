@@ -210,6 +210,11 @@ IN_STEP_MODELS = {"mlp": lambda: mlp_model(16, 2048, 8192), "conv": lambda: conv
 FAMILY = {"mlp": "mlp", "conv": "conv", "down": "conv"}  # layer kind -> the model its slowdown is timed on
 
 
+def _family(cost_key: str) -> str:
+    """The model family of a profile cost key ("mlp@2048" -> "mlp", "down@128x28" -> "conv")."""
+    return FAMILY[cost_key.split("@")[0]]
+
+
 def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch.device, dtype: torch.dtype,
                       ) -> dict[str, dict]:
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
@@ -222,7 +227,7 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
     from parsim.workload import stage_costs
 
     out = {}
-    for family in sorted({FAMILY[k.split("@")[0]] for k in costs}):
+    for family in sorted({_family(k) for k in costs}):
         if device.type != "cuda":
             out[family] = {"factor": 1.0}
             continue
@@ -242,7 +247,7 @@ def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[
 
     out = {}
     for key, c in costs.items():
-        f = slowdowns[FAMILY[key.split("@")[0]]]["factor"]
+        f = slowdowns[_family(key)]["factor"]
         out[key] = LayerCosts(op(c.forward, f), op(c.backward_input, f), op(c.backward_weight, f))
     return out
 
