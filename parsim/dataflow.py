@@ -10,9 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from parsim.schedules import COMPUTE_OPS, Action, Op, Schedule, act
+from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule, act
 
-_PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive, stage offset
 
 
 class Transfer(NamedTuple):
@@ -109,7 +108,7 @@ def _transfers(schedule: Schedule) -> dict[tuple[int, int], list[Transfer]]:
     stage_to_rank = schedule.stage_to_rank
     for rank, acts in enumerate(schedule.actions):
         for action in acts:
-            paired = _PAIRED_RECV.get(action.op)
+            paired = PAIRED_RECV.get(action.op)  # inlined paired_recv: this loop sees every action
             if paired:
                 op, step = paired
                 recv = act(op, action.stage + step, action.microbatch)

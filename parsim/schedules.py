@@ -37,6 +37,7 @@ ALL_OPS = COMPUTE_OPS | COMM_OPS
 
 
 NEIGHBOUR = {Op.SEND_F: 1, Op.RECV_F: -1, Op.SEND_B: -1, Op.RECV_B: 1}  # peer stage offset
+PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive's op, stage offset
 
 
 class Action(NamedTuple):
@@ -57,6 +58,12 @@ class Action(NamedTuple):
 def act(op: str, stage: int, microbatch: int) -> Action:
     """Action(op, stage, microbatch) built in C: hot loops make hundreds of thousands of them."""
     return _new_tuple(Action, (op, stage, microbatch))
+
+
+def paired_recv(send: Action) -> Action:
+    """The receive that consumes `send`: stage s sends forward to s+1's RECV_F, backward to s-1's RECV_B."""
+    op, step = PAIRED_RECV[send.op]
+    return act(op, send.stage + step, send.microbatch)
 
 
 _new_tuple = tuple.__new__
@@ -142,9 +149,8 @@ def place_messages(compute: list[list[Action]], stage_to_rank: tuple[int, ...]) 
     sent: dict[tuple[int, int], list[Action]] = {}  # (src, dst) -> the receives, in send order
     for rank, acts in enumerate(actions):
         for a in acts:
-            if a.op == Op.SEND_F or a.op == Op.SEND_B:
-                recv = act(Op.RECV_F, a.stage + 1, a.microbatch) if a.op == Op.SEND_F else \
-                    act(Op.RECV_B, a.stage - 1, a.microbatch)
+            if a.op in PAIRED_RECV:
+                recv = paired_recv(a)
                 sent.setdefault((rank, stage_to_rank[recv.stage]), []).append(recv)
     return tuple(_receive_in_send_order(acts, rank, sent, stage_to_rank) for rank, acts in enumerate(actions))
 
