@@ -7,7 +7,7 @@ from operator import itemgetter
 
 from parsim.dataflow import issue_waits, transfers
 from parsim.errors import ScheduleError
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op, Schedule, act
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, NEIGHBOUR, Action, Op, Schedule, act
 
 
 def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: bool = True) -> None:
@@ -61,7 +61,7 @@ def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:
 
 
 def _check_comm_endpoint(schedule: Schedule, rank: int, a: Action) -> None:
-    step = 1 if a.op in (Op.SEND_F, Op.RECV_B) else -1
+    step = NEIGHBOUR[a.op]
     if not 0 <= a.stage + step < schedule.num_stages:
         raise ScheduleError(f"rank {rank}: {a} has no neighbouring stage to talk to")
     if schedule.peer(a) == rank:
