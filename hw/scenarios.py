@@ -20,7 +20,7 @@ from hw.opcosts import sync
 from hw.workers import require_gpus
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.scenarios import PIPELINE_SCENARIOS, PipelineScenario
+from parsim.scenarios import COPY_PLACEMENTS, PIPELINE_SCENARIOS, PipelineScenario, copy_figures
 from parsim.schedules import build
 
 
@@ -55,7 +55,8 @@ def measure_async(device: torch.device, n: int = 10_000, elements: int = 1_000_0
 
 
 def measure_overlap(device: torch.device, n: int = 50, size: int = 4000, repeat: int = 3) -> dict:
-    """n products, each result copied to the host: all copies after all compute, or each as soon as ready."""
+    """n products, each result copied to the host: all copies after all compute, each on a copy stream
+    as soon as it is ready, or each right after its product on the compute stream."""
     x = torch.rand(size, size, device=device)
     results = [torch.empty(size, size, device=device) for _ in range(n)]
     figures = {}
@@ -83,9 +84,15 @@ def measure_overlap(device: torch.device, n: int = 50, size: int = 4000, repeat:
                     h.copy_(r, non_blocking=True)
             sync(device)
 
-        memory = "pinned" if pinned else "pageable"
-        s, o = _timed(serial, device, repeat), _timed(overlapped, device, repeat)
-        figures |= {f"{memory}_serial_s": s, f"{memory}_overlapped_s": o, f"{memory}_speedup_ratio": s / o}
+        def default_stream() -> None:
+            for r, h in zip(results, hosts):
+                torch.mm(x, x, out=r)
+                h.copy_(r, non_blocking=True)
+            sync(device)
+
+        programs = {"serial": serial, "overlapped": overlapped, "default_stream": default_stream}
+        times = {p: _timed(programs[p], device, repeat) for p in COPY_PLACEMENTS}
+        figures |= copy_figures("pinned" if pinned else "pageable", times)
     return figures
 
 

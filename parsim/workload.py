@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 from parsim.errors import ModelError
 from parsim.profile import LayerCosts, OpCost, Profile
@@ -315,17 +316,25 @@ def stage_layers(model: Model, num_stages: int) -> list[range]:
     return _ranges(model.balance)
 
 
-def partition_by_time(times: list[float], num_stages: int) -> tuple[int, ...]:
+def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | None = None,
+                      host_fixed_s: float = 0.0) -> tuple[int, ...]:
     """Layers per stage (a balance) of contiguous stages whose slowest stage is as fast as it can be.
 
-    Exact, by dynamic programming over (stages, layers): O(stages x layers^2), instant at hundreds of
-    layers. Where the equal split is already optimal it is kept: it is what `--partition equal` runs.
+    A stage takes the sum of its layers' `gpu` times, or, given `host`, the slower of that and its
+    host's time (host_fixed_s per stage plus its layers' launch times): within a stage the host
+    launches while the GPU runs, so the two overlap, and a host-bound stage is slow however light
+    its kernels. Exact, by dynamic programming over (stages, layers): O(stages x layers^2), instant
+    at hundreds of layers. Where the equal split is already optimal it is kept: it is what
+    `--partition equal` runs.
     """
-    n = len(times)
+    n = len(gpu)
     _check_stages(n, num_stages)
-    prefix = [0.0]
-    for t in times:
-        prefix.append(prefix[-1] + t)
+    gpu_sum, host_sum = _prefix(gpu), _prefix(host) if host is not None else None
+
+    def stage_time(a: int, b: int) -> float:
+        t = gpu_sum[b] - gpu_sum[a]
+        return t if host_sum is None else max(t, host_fixed_s + host_sum[b] - host_sum[a])
+
     inf = float("inf")
     # best[k][i]: the slowest stage of the best split of the first i layers into k stages; cut[k][i]: its last cut
     best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
@@ -334,17 +343,24 @@ def partition_by_time(times: list[float], num_stages: int) -> tuple[int, ...]:
     for k in range(1, num_stages + 1):
         for i in range(k, n - (num_stages - k) + 1):
             for j in range(k - 1, i):
-                slowest = max(best[k - 1][j], prefix[i] - prefix[j])
+                slowest = max(best[k - 1][j], stage_time(j, i))
                 if slowest < best[k][i]:
                     best[k][i], cut[k][i] = slowest, j
     equal = partition(n, num_stages)
-    if max(prefix[r.stop] - prefix[r.start] for r in equal) <= best[num_stages][n] * (1 + 1e-12):
+    if max(stage_time(r.start, r.stop) for r in equal) <= best[num_stages][n] * (1 + 1e-12):
         return tuple(len(r) for r in equal)
     balance, i = [], n
     for k in range(num_stages, 0, -1):
         balance.append(i - cut[k][i])
         i = cut[k][i]
     return tuple(reversed(balance))
+
+
+def _prefix(values: list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -404,19 +420,20 @@ def microbatch_tokens(model: Model, num_microbatches: int, data_parallel: int = 
     return model.tokens // (num_microbatches * data_parallel)
 
 
-def layer_times(model: Model, tokens: int, profile: Profile) -> list[float]:
-    """Each layer's time for one micro-batch of `tokens` samples: forward plus backward, the GPU's or the host's.
+class LayerTime(NamedTuple):
+    """One layer's forward plus backward for one micro-batch: the GPU's time and the host's to launch it."""
 
-    The host launches a layer's kernels while the GPU runs earlier ones, so the two overlap: the slower
-    of the two sets the layer's pace (its GPU time where kernels are long, its launch time where short).
-    """
+    gpu_s: float
+    host_s: float
+
+
+def layer_times(model: Model, tokens: int, profile: Profile) -> list[LayerTime]:
+    """Each layer's GPU and host time for one micro-batch of `tokens` samples, forward plus backward."""
     out = []
     for layer in model.layers:
         lc = layer_costs(profile, layer)
         flops = layer.flops_per_token * tokens
-        gpu = sum(getattr(lc, op).gpu_s(flops) for op in OPS)
-        host = sum(getattr(lc, op).host_s for op in OPS)
-        out.append(max(gpu, host))
+        out.append(LayerTime(sum(getattr(lc, op).gpu_s(flops) for op in OPS), sum(getattr(lc, op).host_s for op in OPS)))
     return out
 
 
@@ -426,13 +443,16 @@ PARTITIONS = ("equal", "time")
 def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile,
                 data_parallel: int = 1) -> Model:
     """The model split `how` says: "equal" layer counts, or balanced by the profile's time per layer at this
-    micro-batch size (torchgpipe's balance_by_time, from the profile instead of a timed run)."""
+    micro-batch size (torchgpipe's balance_by_time, from the profile instead of a timed run, each stage
+    paced by the slower of its GPU and its host)."""
     if how == "equal":
         return replace(model, balance=None)
     if how != "time":
         raise ModelError(f"unknown partition {how!r}; choose from {', '.join(PARTITIONS)}")
-    tokens = microbatch_tokens(model, num_microbatches, data_parallel)
-    return replace(model, balance=partition_by_time(layer_times(model, tokens, profile), num_stages))
+    times = layer_times(model, microbatch_tokens(model, num_microbatches, data_parallel), profile)
+    balance = partition_by_time([t.gpu_s for t in times], num_stages, [t.host_s for t in times],
+                                host_fixed_s=2 * profile.host.action_s)  # a forward and a backward action
+    return replace(model, balance=balance)
 
 
 def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: Profile,

@@ -20,7 +20,8 @@ def _hw(*argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name,keys", [
     ("async", {"sync_each_s", "sync_once_s", "speedup_ratio"}),
-    ("overlap", {"pinned_serial_s", "pinned_overlapped_s", "pageable_serial_s", "pageable_overlapped_s"}),
+    ("overlap", {"pinned_serial_s", "pinned_overlapped_s", "pinned_default_stream_s", "pageable_serial_s",
+                 "pageable_overlapped_s", "pageable_default_stream_s", "pinned_default_stream_ratio"}),
     ("copy-streams", {"compute_stream_s", "copy_streams_s", "speedup_ratio"}),
     ("pipelined-resnet", {"single_gpu_s", "model_parallel_s", "pipelined_m4_s", "best_speedup_ratio"}),
 ])

@@ -49,6 +49,13 @@ def test_overlapped_copies_hide_behind_compute_when_pinned():
     assert r.figures["pageable_overlapped_s"] > r.figures["pinned_overlapped_s"]
 
 
+def test_copies_on_the_compute_stream_overlap_nothing():
+    n, mm, copy = 50, 1e-3, 4e-4
+    r = copy_compute_overlap(_profile(matmul_s=mm, copy_s=copy, pageable_s=1e-3), n=n)
+    assert r.figures["pinned_default_stream_s"] == pytest.approx(T1 + n * (mm + copy))
+    assert r.figures["pinned_default_stream_ratio"] == pytest.approx(1.0)
+
+
 def test_pageable_copies_block_the_host_so_they_hardly_overlap():
     r = copy_compute_overlap(_profile(matmul_s=1e-3, pageable_s=1e-3), n=20)
     assert r.figures["pageable_speedup_ratio"] < r.figures["pinned_speedup_ratio"]

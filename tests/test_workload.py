@@ -92,15 +92,41 @@ def test_balance_by_time_follows_the_profile():
     # at one rate, time goes with FLOPs: 18 x 8^2 x 8^2 MACs per conv block, 14 x 16^2 x 4^2 (0.78 of it) for down
     assert partitioned(model, "time", 2, 1, _conv_profile()).balance == (2, 2)
     times = layer_times(model, 8, _conv_profile("conv@8x8"))  # the shape's own costs come before its kind's
-    assert times[0] == times[1] == pytest.approx(10 * times[3])
+    assert times[0].gpu_s == times[1].gpu_s == pytest.approx(10 * times[3].gpu_s)
     assert partitioned(model, "time", 2, 1, _conv_profile("conv@8x8")).balance == (1, 3)
 
 
-def test_layer_time_is_the_slower_of_its_kernels_and_their_launches():
+def test_layer_time_holds_its_kernels_and_their_launches():
     profile = replace(make_profile(), layers={"mlp": LayerCosts(*[OpCost(1e-3, 0.0, 1e12)] * 3)})
-    assert layer_times(mlp_model(2, 64, 64), 64, profile) == [3e-3, 3e-3]  # 3 x 16 x 64^2 x 64 FLOPs: 0.8 us
     big = 10**6
-    assert layer_times(mlp_model(2, 64, big), big, profile)[0] == pytest.approx(3 * 16 * 64**2 * big / 1e12)
+    times = layer_times(mlp_model(2, 64, big), big, profile)
+    assert times[0] == (pytest.approx(3 * 16 * 64**2 * big / 1e12), 3e-3)
+
+
+def _stage_time(gpu, host, fixed, balance) -> float:
+    bounds = list(itertools.accumulate(balance, initial=0))
+    return max(max(sum(gpu[a:b]), fixed + sum(host[a:b])) for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_partition_by_time_with_host_costs_is_as_good_as_every_split(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 8)
+    stages = rng.randint(1, n)
+    gpu, host = ([rng.choice([rng.random(), rng.randint(1, 5), 0.0]) for _ in range(n)] for _ in range(2))
+    fixed = rng.choice([0.0, 1.0])
+    balance = partition_by_time(gpu, stages, host, fixed)
+    best = min(_stage_time(gpu, host, fixed, tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))))
+               for cuts in itertools.combinations(range(1, n), stages - 1))
+    assert _stage_time(gpu, host, fixed, balance) == pytest.approx(best, rel=1e-12, abs=0)
+
+
+def test_a_host_bound_stage_is_not_given_more_layers_for_its_light_kernels():
+    # layers 2-3 have light kernels but cost the host as much as layers 0-1 cost the GPU
+    gpu, host = [4.0, 4.0, 0.5, 0.5], [1.0, 1.0, 4.0, 4.0]
+    assert partition_by_time([max(g, h) for g, h in zip(gpu, host)], 2) == (2, 2)
+    assert partition_by_time(gpu, 2) == (1, 3)  # by GPU time alone: a stage of 3 layers doing 9 s of launching
+    assert partition_by_time(gpu, 2, host) == (2, 2)
 
 
 def test_a_profile_without_conv_costs_says_to_calibrate_them():
