@@ -39,23 +39,48 @@ def backend_for(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
+def autograd_threads() -> list[int]:
+    """Thread ids of this process's autograd workers (`pt_autograd_N`): on a GPU they run each backward
+    while the thread that called it waits."""
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("pt_autograd"):
+                    tids.append(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return tids
+
+
 @contextmanager
 def host_pinned(device: torch.device, slot: int) -> Iterator[None]:
     """On a GPU, bind the calling (dispatching) thread to a core of its own while the block runs.
 
     A dispatch-bound step ran about 30% faster, with a third of the spread, with its host thread
-    bound to one core (data/host-noise/): hw times GPU steps and host costs so. HW_PIN=0 turns it off.
+    bound to one core (data/host-noise/): hw times GPU steps and host costs so. HW_PIN=0 turns it
+    off; HW_PIN=same binds the autograd workers to that core too: over 18 host-bound points in two
+    leases that was 12% faster (geometric mean) but drifted more between rounds (up to 1.9x against
+    1.4x; scripts/host_order.py), so it is not the default: validation needs repeatable steps.
     """
-    if device.type != "cuda" or os.environ.get("HW_PIN", "1") == "0":
+    mode = os.environ.get("HW_PIN", "1")
+    if device.type != "cuda" or mode == "0":
         yield
         return
-    before = os.sched_getaffinity(0)  # pid 0: the calling thread alone
-    cores = sorted(before)
-    os.sched_setaffinity(0, {cores[(slot + 1) % len(cores)]})  # core 0 takes the most interrupts
+    threads = [0, *autograd_threads()] if mode == "same" else [0]  # 0: the calling thread
+    before = {t: os.sched_getaffinity(t) for t in threads}
+    cores = sorted(before[0])
+    core = {cores[(slot + 1) % len(cores)]}  # core 0 takes the most interrupts
+    for t in threads:
+        os.sched_setaffinity(t, core)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, before)
+        for t, mask in before.items():
+            try:
+                os.sched_setaffinity(t, mask)
+            except ProcessLookupError:  # an autograd worker that ended
+                pass
 
 
 def local_rank(rank: int) -> int:

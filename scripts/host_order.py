@@ -7,7 +7,7 @@ span in hw's executor per (op, previous op) for each schedule, under several thr
 `main` (hw's default: the dispatching thread bound to a core), `free` (nothing bound), `pair`
 (also the autograd engine's CUDA worker thread bound, to the next core), `same` (both on one core).
 Rounds repeat the placements in turn, so a drift of the host's speed shows as a drift, not a cause.
-Usage: python scripts/host_order.py OUT.json [ROUNDS]
+Usage: python scripts/host_order.py OUT.json [ROUNDS] [PLACEMENTS, comma-separated]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from hw.executor import StageRunner, make_batch, split_batch, stage_modules, stage_shapes
 from hw.measure import HostSpans
 from hw.opcosts import sync
+from hw.workers import autograd_threads
 from parsim.schedules import build
 from parsim.workload import mlp_model
 
@@ -47,7 +48,7 @@ def placed(placement: str):
     """Bind the dispatching thread (and with `pair`/`same` the autograd worker threads) as named."""
     cores = sorted(os.sched_getaffinity(0))
     main_core, other = cores[1 % len(cores)], cores[2 % len(cores)]
-    autograd = [t for t, name in threads().items() if name.startswith("pt_autograd")]
+    autograd = autograd_threads()
     before = {t: os.sched_getaffinity(t) for t in [0, *autograd]}
     if placement != "free":
         os.sched_setaffinity(0, {main_core})
@@ -97,13 +98,14 @@ def time_point(spec: tuple[int, int, int], schedule_name: str, m: int, placement
 def main() -> None:
     device = torch.device("cuda", 0)
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    placements = sys.argv[3].split(",") if len(sys.argv) > 3 else PLACEMENTS
     torch.ones(1, device=device, requires_grad=True).sum().backward()  # start the autograd worker thread
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": sorted(set(threads().values())), "rows": []}
     print("threads:", out["threads"], flush=True)
     for r in range(rounds):
         for label, spec, m in POINTS:
-            for placement in PLACEMENTS:
+            for placement in placements:
                 for name in SCHEDULES:
                     row = {"round": r, "model": label, **time_point(spec, name, m, placement, device)}
                     out["rows"].append(row)

@@ -93,6 +93,21 @@ def test_conv_net_with_a_profile_without_conv_costs_says_what_to_calibrate(tmp_p
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0]
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`python -m parsim ... | head`: the closed pipe ends the command with no traceback."""
+    program = ("import sys\n"
+               "from parsim.cli import run_command\n"
+               "def flood(args):\n"
+               "    while True:\n"
+               "        print('x' * 1000)\n"
+               "sys.exit(run_command(flood, None))\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""
+
+
 def test_trace_into_a_missing_folder_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "parsim", "predict", "--trace", str(tmp_path / "no" / "t.json")],
                             capture_output=True, text=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -142,6 +145,42 @@ def test_measure_runs_pipeline_replicas_with_data_parallelism():
     out = json.loads(r.stdout)
     assert out["config"]["gpus"] == 4 and out["config"]["data_parallel"] == 2
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]  # replica 0's pipeline reports its stages
+
+
+@contextmanager
+def _thread_named(name: str):
+    """A waiting thread whose OS name (what /proc shows, as torch names its autograd workers) is `name`."""
+    libc = ctypes.CDLL(None)
+    started, done, tid = threading.Event(), threading.Event(), []
+
+    def body():
+        libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+        tid.append(threading.get_native_id())
+        started.set()
+        done.wait()
+
+    t = threading.Thread(target=body)
+    t.start()
+    started.wait()
+    try:
+        yield tid[0]
+    finally:
+        done.set()
+        t.join()
+
+
+def test_host_pinned_binds_the_autograd_worker_too_only_when_asked(monkeypatch):
+    from hw.workers import host_pinned
+
+    before = os.sched_getaffinity(0)
+    with _thread_named("pt_autograd_0") as worker, _thread_named("other") as other:
+        with host_pinned(torch.device("cuda", 0), 0):
+            assert len(os.sched_getaffinity(0)) == 1 and os.sched_getaffinity(worker) == before
+        monkeypatch.setenv("HW_PIN", "same")
+        with host_pinned(torch.device("cuda", 0), 0):
+            assert os.sched_getaffinity(worker) == os.sched_getaffinity(0) and len(os.sched_getaffinity(0)) == 1
+            assert os.sched_getaffinity(other) == before
+        assert os.sched_getaffinity(worker) == before
 
 
 def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monkeypatch):
