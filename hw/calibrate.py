@@ -130,11 +130,14 @@ def host_stage(kind: str, layers: int, tokens: int) -> Model:
     return Model(tuple(Layer("down", 4 << i, side=1 << (layers - 1 - i)) for i in range(layers)), tokens)
 
 
-def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16) -> list[dict]:
+def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
+                 rounds: int = 5) -> list[dict]:
     """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
 
     Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
     it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
+    The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
+    (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
     Also the host time of an input-grad alone per layer, to split the backward's share.
     """
     from hw.executor import StageRunner, make_batch, split_batch
@@ -142,19 +145,22 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     from hw.models import build_stage
     from parsim.schedules import Op, gpipe
 
-    rows = []
+    probes = []
     for k in HOST_DEPTHS[kind]:
-        model, schedule = host_stage(kind, k, 8 * microbatches), gpipe(1, microbatches)
+        model = host_stage(kind, k, 8 * microbatches)
         stage = build_stage(model, 1, 0, device=device).to(dtype)
-        runner = StageRunner(schedule, 0, {0: stage}, {})
+        runner = StageRunner(gpipe(1, microbatches), 0, {0: stage}, {})
         io = split_batch(*make_batch(model, device, dtype), microbatches)
-        spans = HostSpans()
         for step in range(3):
             runner.step(io)
-        with host_pinned(device, 0):  # as hw measure times its steps
-            for step in range(5):
+        probes.append((k, model, stage, runner, io, HostSpans()))
+    with host_pinned(device, 0):  # as hw measure times its steps
+        for _ in range(rounds):
+            for k, model, stage, runner, io, spans in probes:
                 runner.step(io, spans)
-        sync(device)
+    sync(device)
+    rows = []
+    for k, model, stage, runner, io, spans in probes:
         x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
         y = stage(x)
         g = torch.randn_like(y)
