@@ -433,7 +433,8 @@ def layer_times(model: Model, tokens: int, profile: Profile) -> list[LayerTime]:
     for layer in model.layers:
         lc = layer_costs(profile, layer)
         flops = layer.flops_per_token * tokens
-        out.append(LayerTime(sum(getattr(lc, op).gpu_s(flops) for op in OPS), sum(getattr(lc, op).host_s for op in OPS)))
+        out.append(LayerTime(sum(getattr(lc, op).gpu_s(flops) for op in OPS),
+                             sum(getattr(lc, op).host_s for op in OPS)))
     return out
 
 

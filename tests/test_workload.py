@@ -17,15 +17,17 @@ from parsim.workload import (Layer, Model, conv_model, layer_times, load_model, 
                              stage_layers)
 
 
-def _slowest(times: list[float], balance: tuple[int, ...]) -> float:
+def _slowest(gpu: list[float], balance: tuple[int, ...], host: list[float] | None = None, fixed: float = 0.0) -> float:
+    """The slowest stage of a split: its GPU time, or the slower of that and its host's (fixed + launches)."""
     bounds = list(itertools.accumulate(balance, initial=0))
-    return max(sum(times[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return max(max(sum(gpu[a:b]), fixed + sum(host[a:b])) if host else sum(gpu[a:b])
+               for a, b in zip(bounds, bounds[1:]))
 
 
-def _brute_force(times: list[float], stages: int) -> float:
+def _brute_force(gpu: list[float], stages: int, host: list[float] | None = None, fixed: float = 0.0) -> float:
     """The slowest stage of the best split, over every way to cut the layers."""
-    n = len(times)
-    return min(_slowest(times, tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))))
+    n = len(gpu)
+    return min(_slowest(gpu, tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))), host, fixed)
                for cuts in itertools.combinations(range(1, n), stages - 1))
 
 
@@ -103,11 +105,6 @@ def test_layer_time_holds_its_kernels_and_their_launches():
     assert times[0] == (pytest.approx(3 * 16 * 64**2 * big / 1e12), 3e-3)
 
 
-def _stage_time(gpu, host, fixed, balance) -> float:
-    bounds = list(itertools.accumulate(balance, initial=0))
-    return max(max(sum(gpu[a:b]), fixed + sum(host[a:b])) for a, b in zip(bounds, bounds[1:]))
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_partition_by_time_with_host_costs_is_as_good_as_every_split(seed):
     rng = random.Random(seed)
@@ -116,9 +113,7 @@ def test_partition_by_time_with_host_costs_is_as_good_as_every_split(seed):
     gpu, host = ([rng.choice([rng.random(), rng.randint(1, 5), 0.0]) for _ in range(n)] for _ in range(2))
     fixed = rng.choice([0.0, 1.0])
     balance = partition_by_time(gpu, stages, host, fixed)
-    best = min(_stage_time(gpu, host, fixed, tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))))
-               for cuts in itertools.combinations(range(1, n), stages - 1))
-    assert _stage_time(gpu, host, fixed, balance) == pytest.approx(best, rel=1e-12, abs=0)
+    assert _slowest(gpu, balance, host, fixed) == pytest.approx(_brute_force(gpu, stages, host, fixed), rel=1e-12, abs=0)
 
 
 def test_a_host_bound_stage_is_not_given_more_layers_for_its_light_kernels():
