@@ -140,29 +140,26 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
     Also the host time of an input-grad alone per layer, to split the backward's share.
     """
-    from hw.executor import StageRunner, make_batch, split_batch
+    from hw.executor import local_runner
     from hw.measure import HostSpans
-    from hw.models import build_stage
     from parsim.schedules import Op, gpipe
 
     probes = []
     for k in HOST_DEPTHS[kind]:
         model = host_stage(kind, k, 8 * microbatches)
-        stage = build_stage(model, 1, 0, device=device).to(dtype)
-        runner = StageRunner(gpipe(1, microbatches), 0, {0: stage}, {})
-        io = split_batch(*make_batch(model, device, dtype), microbatches)
+        runner, io = local_runner(model, gpipe(1, microbatches), device, dtype)
         for step in range(3):
             runner.step(io)
-        probes.append((k, model, stage, runner, io, HostSpans()))
+        probes.append((k, model, runner, io, HostSpans()))
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
-            for k, model, stage, runner, io, spans in probes:
+            for k, model, runner, io, spans in probes:
                 runner.step(io, spans)
     sync(device)
     rows = []
-    for k, model, stage, runner, io, spans in probes:
+    for k, model, runner, io, spans in probes:
         x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
-        y = stage(x)
+        y = runner.stages[0](x)
         g = torch.randn_like(y)
         rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
                      "backward_s": statistics.median(spans.of(Op.BACKWARD)),
@@ -193,17 +190,14 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
     CUDA events around the actions of hw's own executor, over ~1 s of steps: at the clocks of a GPU
     under sustained load, with whatever a real step adds to the layers' kernels.
     """
-    from hw.executor import StageRunner, make_batch, split_batch
+    from hw.executor import local_runner
     from hw.measure import ActionTimer
-    from hw.models import build_stage
     from parsim.schedules import gpipe
 
-    stage = build_stage(model, 1, 0, device=device).to(dtype)
-    runner = StageRunner(gpipe(1, 1), 0, {0: stage}, {})
-    io = split_batch(*make_batch(model, device, dtype), 1)
+    runner, io = local_runner(model, gpipe(1, 1), device, dtype)
     timer = ActionTimer(device)
     for step in range(25):
-        for p in stage.parameters():
+        for p in runner.stages[0].parameters():
             p.grad = None
         if step >= 15:  # a ~1 ms spin first, so the host has queued the first layer before the GPU gets to it:
             torch.cuda._sleep(IN_STEP_LEAD_CYCLES)  # the spans time the GPU alone; the model adds the host's lead

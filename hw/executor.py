@@ -325,6 +325,15 @@ def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -
     return x.to(device, dtype), y.to(device, dtype)
 
 
+def local_runner(model, schedule: Schedule, device: torch.device, dtype: torch.dtype) -> tuple[StageRunner, StepIO]:
+    """A one-rank schedule's runner, with every stage on this one device, and its batch: a step timed in this
+    process, with no process group (calibrate's probes, the diagnostic scripts). Its modules are runner.stages."""
+    runner = StageRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {})
+    io = split_batch(*make_batch(model, device, dtype), schedule.num_microbatches,
+                     stage_shapes(model, schedule.num_stages))
+    return runner, io
+
+
 Made = tuple[list[dict[tuple[int, int], dist.ProcessGroup]], dict[int, dist.ProcessGroup]]
 
 

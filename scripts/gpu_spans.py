@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from hw.executor import StageRunner, make_batch, split_batch
+from hw.executor import local_runner
 from hw.measure import ActionTimer
-from hw.models import MlpBlock, build_stage
+from hw.models import MlpBlock
 from hw.opcosts import gpu_time_s, sync
 from parsim.schedules import gpipe
 from parsim.workload import mlp_model
@@ -28,9 +28,8 @@ SUSTAINED_HEAT = 600  # large matmuls before a hot timing: ~1 s of full load, as
 
 def in_situ(device: torch.device, steps: int = 10) -> dict:
     model = mlp_model(L, H, T)
-    stage = build_stage(model, 1, 0, device=device).to(torch.bfloat16)
-    runner = StageRunner(gpipe(1, 1), 0, {0: stage}, {})
-    io = split_batch(*make_batch(model, device, torch.bfloat16), 1)
+    runner, io = local_runner(model, gpipe(1, 1), device, torch.bfloat16)
+    stage = runner.stages[0]
     for _ in range(5):
         runner.step(io)
     timer = ActionTimer(device)

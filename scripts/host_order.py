@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from hw.executor import StageRunner, make_batch, split_batch, stage_modules, stage_shapes
+from hw.executor import local_runner
 from hw.measure import HostSpans
 from hw.opcosts import sync
 from hw.workers import autograd_threads
@@ -65,10 +65,8 @@ def placed(placement: str):
 def time_point(spec: tuple[int, int, int], schedule_name: str, m: int, placement: str, device, steps: int = 15) -> dict:
     model = mlp_model(*spec)
     schedule = build(schedule_name, 1, m)
-    stages = stage_modules(model, schedule, 0, device, torch.bfloat16)
-    runner = StageRunner(schedule, 0, stages, {})
-    io = split_batch(*make_batch(model, device, torch.bfloat16), m, stage_shapes(model, schedule.num_stages))
-    params = [p for s in stages.values() for p in s.parameters()]
+    runner, io = local_runner(model, schedule, device, torch.bfloat16)
+    params = [p for s in runner.stages.values() for p in s.parameters()]
     for _ in range(3):
         runner.step(io)
     sync(device)

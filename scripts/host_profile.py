@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hw.executor import StageRunner, make_batch, split_batch, stage_modules
+from hw.executor import local_runner
 from hw.opcosts import sync
 from hw.workers import host_pinned
 from parsim.schedules import build
@@ -34,10 +34,8 @@ def profiled(spec: tuple[int, int, int], name: str, m: int, device: torch.device
     """STEPS steps of `name` on one GPU under the profiler: wall time per step, and per op the CPU time per step."""
     model = mlp_model(*spec)
     schedule = build(name, 1, m)
-    stages = stage_modules(model, schedule, 0, device, torch.bfloat16)
-    runner = StageRunner(schedule, 0, stages, {})
-    io = split_batch(*make_batch(model, device, torch.bfloat16), m)
-    params = [p for s in stages.values() for p in s.parameters()]
+    runner, io = local_runner(model, schedule, device, torch.bfloat16)
+    params = [p for s in runner.stages.values() for p in s.parameters()]
     for _ in range(3):
         runner.step(io)
     sync(device)

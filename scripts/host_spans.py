@@ -18,9 +18,8 @@ import time
 import torch
 
 from hw.calibrate import host_costs, host_samples
-from hw.executor import StageRunner, make_batch, split_batch
+from hw.executor import local_runner
 from hw.measure import HostSpans
-from hw.models import build_stage
 from hw.opcosts import sync
 from hw.workers import host_pinned
 from parsim.schedules import gpipe
@@ -29,10 +28,8 @@ from parsim.workload import mlp_model
 
 def run(device: torch.device, microbatches: int, steps: int = 20) -> dict:
     model = mlp_model(8, 256, 1024)
-    stage = build_stage(model, 1, 0, device=device).to(torch.bfloat16)
-    runner = StageRunner(gpipe(1, microbatches), 0, {0: stage}, {})
-    io = split_batch(*make_batch(model, device, torch.bfloat16), microbatches)
-    params = list(stage.parameters())
+    runner, io = local_runner(model, gpipe(1, microbatches), device, torch.bfloat16)
+    params = list(runner.stages[0].parameters())
     spans = HostSpans()
     for _ in range(3):
         runner.step(io)
