@@ -19,7 +19,7 @@ from torch import nn
 from parsim.dataflow import iter_waits, transfers
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
-from parsim.workload import stage_layers
+from parsim.workload import microbatch_tokens, stage_layers
 
 
 class Groups:
@@ -362,10 +362,8 @@ def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, d
 def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, device: torch.device,
                   dtype: torch.dtype) -> StepIO:
     """The replica's equal share of the batch, split into the schedule's micro-batches."""
+    microbatch_tokens(model, schedule.num_microbatches, data_parallel)  # the batch splits evenly, or one clear error
     x, y = make_batch(model, device, dtype)
-    if model.tokens % (data_parallel * schedule.num_microbatches):
-        raise ParsimError(f"{model.tokens} tokens do not split into {data_parallel} replicas x "
-                          f"{schedule.num_microbatches} equal micro-batches")
     return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches,
                        stage_shapes(model, schedule.num_stages))
 
