@@ -219,8 +219,8 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
                       ) -> dict[str, dict]:
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
 
-    The fits come from short probes fresh from idle; in a step the GPU is under sustained load (lower
-    clocks) and the layers' kernels meet each other's data. On an H200 MLP blocks ran 12% slower in
+    The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the
+    layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200 MLP blocks ran 12% slower in
     situ than their fits, conv blocks about 3% (data/validation/h200-2026-11-23-gpu-spans.json).
     Every layer cost of the family is stretched by its factor; 1 on the CPU.
     """

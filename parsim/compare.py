@@ -7,7 +7,7 @@ error summary, with that column as its measured reason.
 
 The summary is given twice: over every point, and over the points where the GPU sets the pace. A
 point is host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost
-HOST_SWING times larger: the lent machines' host speed changes by up to 1.7x between and within
+HOST_SWING times larger: the lent machines' host speed changes by up to 1.9x between and within
 leases (data/host-noise/), so such a point says more about the lease than about the model.
 """
 
