@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parsim.dataflow import iter_waits, transfers
+from parsim.sim.dataflow import iter_waits, transfers
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.workload import microbatch_tokens, stage_layers

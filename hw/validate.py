@@ -19,7 +19,7 @@ from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
 from parsim.errors import ParsimError, ScheduleError
 from parsim.files import write_atomic
-from parsim.predict import predict
+from parsim.sim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import SCHEDULES, build, schedule_name
 from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec

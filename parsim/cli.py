@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from parsim.errors import ParsimError
-from parsim.machine import gc_paused
-from parsim.predict import Prediction, Simulation, predict
+from parsim.sim.machine import gc_paused
+from parsim.sim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
-from parsim.report import fmt_bytes, fmt_time, to_json, to_text
+from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
 from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
@@ -179,11 +179,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
     prediction, sim = _predict(args, profile, model, args.schedule, m)
     if args.trace:
-        from parsim.trace import write_trace
+        from parsim.outputs.trace import write_trace
 
         write_trace(sim, args.trace)
     if args.plot:
-        from parsim.plot import write_gantt
+        from parsim.outputs.plot import write_gantt
 
         write_gantt(sim, args.plot, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
                                     f"{fmt_time(prediction.step_time_s)}")
@@ -239,7 +239,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if too_big:
         print(f"({len(too_big)} more configurations exceed the memory limit)")
     if args.trace:
-        from parsim.trace import write_trace
+        from parsim.outputs.trace import write_trace
 
         best = fits[0]
         schedule = build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
@@ -280,7 +280,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _overlay(args: argparse.Namespace) -> Path:
     """Simulate --point with the profile and draw it under the profiled --timeline; the PNG's path."""
-    from parsim.overlay import write_overlay
+    from parsim.outputs.overlay import write_overlay
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")

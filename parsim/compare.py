@@ -119,7 +119,7 @@ def read_points(path: str | Path) -> list[Point]:
 
 
 def _predict(p: Point, profile):
-    from parsim.predict import predict
+    from parsim.sim.predict import predict
     from parsim.schedules import build
 
     return predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),

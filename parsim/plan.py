@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from parsim.errors import ParsimError, ScheduleError
-from parsim.predict import Prediction, predict
+from parsim.sim.predict import Prediction, predict
 from parsim.profile import Profile
 from parsim.schedules import SCHEDULES, VIRTUAL, Schedule, build
 from parsim.workload import Model, partitioned, stage_layers

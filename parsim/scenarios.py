@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from parsim.errors import ProfileError
-from parsim.machine import Launch, Machine, Sync
-from parsim.predict import predict
+from parsim.sim.machine import Launch, Machine, Sync
+from parsim.sim.predict import predict
 from parsim.profile import KernelCost, Profile
 from parsim.schedules import build
 from parsim.workload import Model, conv_model, mlp_model

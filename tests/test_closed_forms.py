@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import equal_stages
 
-from parsim.pipeline import peak_held_bytes, peak_stashed_microbatches
-from parsim.predict import predict, simulate
+from parsim.sim.lower import peak_held_bytes, peak_stashed_microbatches
+from parsim.sim.predict import predict, simulate
 from parsim.workload import StageCost, Work
 from parsim.schedules import build
 from parsim.workload import mlp_model

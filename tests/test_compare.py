@@ -38,7 +38,7 @@ def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
 
 
 def test_repredict_redoes_every_prediction_from_the_given_profile():
-    from parsim.predict import predict
+    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
     from parsim.workload import mlp_model
@@ -92,7 +92,7 @@ def test_data_parallel_must_divide_the_gpus(tmp_path):
 
 
 def test_repredict_of_a_replicated_point_predicts_the_replicated_step():
-    from parsim.predict import predict
+    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
     from parsim.workload import mlp_model
@@ -141,7 +141,7 @@ def test_a_csv_without_the_model_column_names_the_mlp_stack_by_its_sizes(tmp_pat
 
 
 def test_the_model_column_names_a_conv_net_that_repredict_rebuilds(tmp_path):
-    from parsim.predict import predict
+    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
     from parsim.workload import conv_model

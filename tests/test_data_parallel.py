@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from conftest import make_profile
 
-from parsim.dataparallel import DDP_BUCKET_BYTES
+from parsim.sim.dataparallel import DDP_BUCKET_BYTES
 from parsim.errors import ProfileError
-from parsim.predict import predict, simulate
+from parsim.sim.predict import predict, simulate
 from parsim.profile import CollectiveSpec, LinkSpec
 from parsim.schedules import build
 from parsim.workload import StageCost, Work, mlp_model

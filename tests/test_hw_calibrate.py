@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
-from parsim.predict import predict  # noqa: E402
+from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, partitioned  # noqa: E402

@@ -95,7 +95,7 @@ def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ran
 def test_the_runner_runs_parsims_dataflow(name, ranks, microbatches):
     """Each action runs in program order with iter_waits' data deps, waiting first for the receive among them."""
     from hw.executor import StageRunner, stage_modules
-    from parsim.dataflow import iter_waits
+    from parsim.sim.dataflow import iter_waits
 
     schedule = build(name, ranks, microbatches)
     waits = dict(iter_waits(schedule, copy_streams=True))

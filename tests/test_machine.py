@@ -6,8 +6,8 @@ import pytest
 from conftest import equal_stages, make_profile
 
 from parsim.errors import ScheduleError
-from parsim.machine import Launch, Machine, Sync
-from parsim.predict import simulate
+from parsim.sim.machine import Launch, Machine, Sync
+from parsim.sim.predict import simulate
 from parsim.profile import LinkSpec
 from parsim.schedules import SCHEDULES, build
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from parsim.errors import ParsimError
-from parsim.overlay import measured_kernels
+from parsim.outputs.overlay import measured_kernels
 
 
 def _trace(path, kernels):

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_profile
 
 from parsim.plan import OPTIMIZER_BYTES_PER_PARAM, candidates, params_per_gpu, plan
-from parsim.predict import predict
+from parsim.sim.predict import predict
 from parsim.schedules import VIRTUAL, build
 from parsim.workload import mlp_model
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import equal_stages
 
 from parsim.errors import ScheduleError
-from parsim.predict import simulate
+from parsim.sim.predict import simulate
 from parsim.schedules import Action, Op, build
-from parsim.validate import validate
+from parsim.sim.check import validate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])

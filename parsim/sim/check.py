@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict, deque
 from operator import itemgetter
 
-from parsim.dataflow import issue_waits, transfers
+from parsim.sim.dataflow import issue_waits, transfers
 from parsim.errors import ScheduleError
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, NEIGHBOUR, Action, Op, Schedule, act
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from parsim.predict import Simulation
+from parsim.sim.predict import Simulation
 from parsim.files import write_atomic
 
 LINKS_PID = 1_000_000  # after every rank's pid

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parsim.predict import Prediction
+from parsim.sim.predict import Prediction
 
 
 def fmt_time(seconds: float) -> str:

@@ -16,7 +16,9 @@ import re
 from pathlib import Path
 
 from parsim.errors import ScheduleError
-from parsim.schedules import COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Schedule, act, place_messages
+from parsim.schedules.actions import COMM_OPS, COMPUTE_OPS, Action, Schedule, act, place_messages
+
+TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule
 
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from parsim.errors import ParsimError
-from parsim.pipeline import compute_track
-from parsim.predict import Simulation
+from parsim.sim.lower import compute_track
+from parsim.sim.predict import Simulation
 
 Spans = list[tuple[float, float]]  # (start_s, duration_s)
 

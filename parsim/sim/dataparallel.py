@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from parsim.errors import ProfileError
-from parsim.machine import Launch, Machine
-from parsim.pipeline import Lowered
+from parsim.sim.machine import Launch, Machine
+from parsim.sim.lower import Lowered
 from parsim.profile import CollectiveSpec, Profile
 from parsim.schedules import Schedule
 from parsim.workload import StageCost

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 
-from parsim.dataflow import iter_wait_keys, transfers
-from parsim.machine import Launch, Machine, Op, Sync
+from parsim.sim.dataflow import iter_wait_keys, transfers
+from parsim.sim.machine import Launch, Machine, Op, Sync
 from parsim.profile import LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op as ActionOp, Schedule
 from parsim.workload import StageCost, Work

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from parsim.files import write_png  # noqa: E402
-from parsim.predict import Simulation  # noqa: E402
+from parsim.sim.predict import Simulation  # noqa: E402
 
 COLOURS = {"F": "tab:blue", "B": "tab:green", "I": "tab:olive", "W": "tab:cyan",
            "comm": "tab:gray", "host": "0.8"}

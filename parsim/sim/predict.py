@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from parsim.machine import HostThread, Machine, Op, gc_paused
-from parsim.dataparallel import add_gradient_allreduce, gradient_buckets
-from parsim.pipeline import compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.machine import HostThread, Machine, Op, gc_paused
+from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
+from parsim.sim.lower import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
 from parsim.schedules import Schedule, gpipe
-from parsim.validate import validate
+from parsim.sim.check import validate
 from parsim.workload import Model, StageCost, stage_costs
 
 

@@ -1,0 +1,68 @@
+"""Pipeline schedules as data: per-rank ordered lists of actions, by name.
+
+`build` is the one door: a registered generator (parsim.schedules.generators), or a schedule
+imported from torch.distributed.pipelining (parsim.schedules.from_torch: `torch:CLASS` or a CSV).
+The generators and the importer depend on parsim.schedules.actions only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from parsim.errors import ScheduleError
+from parsim.schedules.actions import (ALL_OPS, COMM_OPS, COMPUTE_OPS, NEIGHBOUR, PAIRED_RECV, Action, Op,  # noqa: F401
+                                      Schedule, act, paired_recv, place_messages, with_messages)
+from parsim.schedules import from_torch
+from parsim.schedules.from_torch import TORCH_PREFIX
+from parsim.schedules.generators import (dualpipev, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b,  # noqa: F401
+                                         v_stage_to_rank, zb_h1, zbv)
+
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "zbv": zbv,
+    "dualpipev": dualpipev,
+    "looped-bfs": looped_bfs,
+}
+VIRTUAL = {"interleaved-1f1b", "looped-bfs"}  # schedules that take virtual_stages
+V_SHAPED = {"zbv", "dualpipev"}  # two stages per GPU, placed by v_stage_to_rank
+
+
+
+def _imported(name: str) -> bool:
+    """Whether `name` asks for a schedule from torch: `torch:CLASS` or a torch schedule CSV file."""
+    return name.startswith(TORCH_PREFIX) or name.lower().endswith(".csv")
+
+
+def schedule_name(text: str) -> str:
+    """argparse type for --schedule: a registered name, `torch:CLASS` or a torch schedule CSV file."""
+    if text.lower() in SCHEDULES or _imported(text):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown schedule {text!r}; choose one of {', '.join(sorted(SCHEDULES))}, "
+                                     "torch:CLASS (a torch.distributed.pipelining schedule) or a schedule .csv")
+
+
+def build(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int | None = None) -> Schedule:
+    """The schedule registered as `name`, or imported: `torch:CLASS` or a torch schedule CSV file.
+
+    Generators are checked by the tests; simulate validates whatever it is given.
+    """
+    if _imported(name):
+        if name.startswith(TORCH_PREFIX):
+            return from_torch.from_torch(name.removeprefix(TORCH_PREFIX), num_ranks, num_microbatches,
+                                              virtual_stages)
+        return from_torch.load_csv(name)
+    key = name.lower()
+    if key not in SCHEDULES:
+        known = ", ".join(sorted(SCHEDULES))
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {known}")
+    if key in VIRTUAL:
+        return SCHEDULES[key](num_ranks, num_microbatches, virtual_stages or 2)
+    per_rank = 2 if key in V_SHAPED else 1
+    if virtual_stages not in (None, per_rank):
+        raise ScheduleError(f"{key} runs {'two stages' if per_rank == 2 else 'one stage'} per GPU; "
+                            f"--virtual-stages applies to {', '.join(sorted(VIRTUAL))}")
+    return SCHEDULES[key](num_ranks, num_microbatches)

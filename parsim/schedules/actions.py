@@ -1,0 +1,162 @@
+"""What a schedule is made of: actions (F, B, I, W, sends and receives) in per-rank lists.
+
+The same lists are simulated by parsim.sim and executed by hw, so the predicted and the measured
+step run one program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Op:
+    """What an action does: plain strings, so actions hash fast and read as torch's do.
+
+    Sends and receives carry activations (F) or their gradients (B).
+    """
+
+    FORWARD = "F"
+    BACKWARD = "B"  # input-grad and weight-grad together
+    BACKWARD_INPUT = "I"  # input-grad only (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"  # weight-grad only
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+COMM_OPS = frozenset({Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B})
+ALL_OPS = COMPUTE_OPS | COMM_OPS
+
+
+NEIGHBOUR = {Op.SEND_F: 1, Op.RECV_F: -1, Op.SEND_B: -1, Op.RECV_B: 1}  # peer stage offset
+PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive's op, stage offset
+
+
+class Action(NamedTuple):
+    """One step of one rank's program: `op` on `stage` for `microbatch`."""
+
+    op: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.op}(s{self.stage},m{self.microbatch})"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+
+def act(op: str, stage: int, microbatch: int) -> Action:
+    """Action(op, stage, microbatch) built in C: hot loops make hundreds of thousands of them."""
+    return _new_tuple(Action, (op, stage, microbatch))
+
+
+def paired_recv(send: Action) -> Action:
+    """The receive that consumes `send`: stage s sends forward to s+1's RECV_F, backward to s-1's RECV_B."""
+    op, step = PAIRED_RECV[send.op]
+    return act(op, send.stage + step, send.microbatch)
+
+
+_new_tuple = tuple.__new__
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule: which rank hosts each stage and the ordered actions of every rank."""
+
+    name: str
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]  # actions[rank]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actions)
+
+    def peer(self, action: Action) -> int:
+        """The rank on the other end of a send or receive."""
+        return self.stage_to_rank[action.stage + NEIGHBOUR[action.op]]
+
+    def to_text(self) -> str:
+        """One line per rank, e.g. 'rank 0: F(s0,m0) SEND_F(s0,m0) ...'."""
+        return "\n".join(
+            f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.actions)
+        )
+
+
+def forward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
+    """Receive the input (if it comes from another rank), run the forward, send the output."""
+    rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
+    acts = [Action(Op.RECV_F, stage, mb)] if stage > 0 and stage_to_rank[stage - 1] != rank else []
+    acts.append(Action(Op.FORWARD, stage, mb))
+    if stage < last and stage_to_rank[stage + 1] != rank:
+        acts.append(Action(Op.SEND_F, stage, mb))
+    return acts
+
+
+def backward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...],
+                           op: str = Op.BACKWARD) -> list[Action]:
+    """Receive the output's gradient (if from another rank), run the backward (B, or only its
+    input-grad I), send the input's gradient."""
+    rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
+    acts = [Action(Op.RECV_B, stage, mb)] if stage < last and stage_to_rank[stage + 1] != rank else []
+    acts.append(Action(op, stage, mb))
+    if stage > 0 and stage_to_rank[stage - 1] != rank:
+        acts.append(Action(Op.SEND_B, stage, mb))
+    return acts
+
+
+def with_messages(compute: Iterable[Action], stage_to_rank: tuple[int, ...]) -> list[Action]:
+    """A rank's compute actions in order, each with the sends and receives it needs, placed as above."""
+    out: list[Action] = []
+    for a in compute:
+        if a.op == Op.FORWARD:
+            out += forward_with_messages(a.stage, a.microbatch, stage_to_rank)
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            out += backward_with_messages(a.stage, a.microbatch, stage_to_rank, a.op)
+        else:
+            out.append(a)
+    return out
+
+
+def place_messages(compute: list[list[Action]], stage_to_rank: tuple[int, ...]) -> tuple[tuple[Action, ...], ...]:
+    """Every rank's compute order with its messages: as with_messages places them, but a receive moves
+    earlier where a message sent before it on the same channel is consumed later, so that each rank
+    receives a channel's messages in the order they are sent (NCCL matches them in order).
+
+    Needed where a channel carries two streams of messages, as between the two arms of a V.
+    """
+    actions = [with_messages(acts, stage_to_rank) for acts in compute]
+    sent: dict[tuple[int, int], list[Action]] = {}  # (src, dst) -> the receives, in send order
+    for rank, acts in enumerate(actions):
+        for a in acts:
+            if a.op in PAIRED_RECV:
+                recv = paired_recv(a)
+                sent.setdefault((rank, stage_to_rank[recv.stage]), []).append(recv)
+    return tuple(_receive_in_send_order(acts, rank, sent, stage_to_rank) for rank, acts in enumerate(actions))
+
+
+def _receive_in_send_order(acts: list[Action], rank: int, sent: dict[tuple[int, int], list[Action]],
+                           stage_to_rank: tuple[int, ...]) -> tuple[Action, ...]:
+    """A rank's actions where each receive first brings forward the receives sent before it on its channel.
+
+    A receive that nothing sends stays where it is, for the validator to name.
+    """
+    channel = {recv: (src, k) for (src, dst), recvs in sent.items() if dst == rank for k, recv in enumerate(recvs)}
+    taken = {src: 0 for src, dst in sent if dst == rank}  # per channel into this rank: receives placed so far
+    out: list[Action] = []
+    for a in acts:
+        if a not in channel:
+            out.append(a)  # compute, a send, or a receive that nothing sends
+            continue
+        src, k = channel[a]
+        if k >= taken[src]:  # not brought forward already
+            out += sent[src, rank][taken[src]:k + 1]
+            taken[src] = k + 1
+    return tuple(out)
