@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hw.executor import Groups, replica_batch, replica_groups, replica_runner
+from hw.executor import Groups, replica_batch, replica_groups
+from hw.runners import runner_factory
 from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
@@ -106,6 +107,7 @@ class Job:
     config: Config
     data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
     copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
+    runtime: str = "hw"  # what runs the schedule (hw.runners; the schedule is built by parsim's runtime of that name)
 
     @property
     def ranks(self) -> int:
@@ -132,8 +134,8 @@ def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
     """
     schedule, model, config = job.schedule, job.model, job.config
     dtype = DTYPES[config.dtype]
-    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, job.data_parallel,
-                                             job.copy_streams)
+    runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
+                                                          job.data_parallel, job.copy_streams)
     io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
     params = [p for module in stages.values() for p in module.parameters()]
 
@@ -232,6 +234,7 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
+                   "runtime": job.runtime,
                    "copy_streams": job.copy_streams,
                    "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),

@@ -15,7 +15,9 @@ from parsim.sim.machine import gc_paused
 from parsim.sim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
-from parsim.scenarios import SCENARIOS
+from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime, runtime_help, runtime_name
+from parsim.runtimes.eager import EAGER
+from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
 from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
                              model_from_spec, partitioned)
@@ -62,6 +64,12 @@ def _add_model_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
+    add_runtime_arg(p)
+
+
+def add_runtime_arg(p: argparse.ArgumentParser) -> None:
+    """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw`."""
+    p.add_argument("--runtime", type=runtime_name, default=DEFAULT_RUNTIME, metavar="NAME", help=runtime_help())
 
 
 def model_from_args(args: argparse.Namespace) -> Model:
@@ -139,12 +147,15 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
     sc.add_argument("name", choices=sorted(SCENARIOS))
     sc.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped one)")
+    add_runtime_arg(sc)
     sc.add_argument("--json", action="store_true")
 
     c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
     c.add_argument("--measured", metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
     c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
+    c.add_argument("--runtime", type=runtime_name, metavar="NAME",
+                   help="redo the predictions as run by this runtime (default: each row's `runtime` column, else hw)")
     c.add_argument("--timeline", metavar="TRACE", help="a `hw measure --trace` file to lay over the simulated step")
     c.add_argument("--point", metavar="SCHEDULE,GPUS,M,SPEC", help="the measured point of --timeline, e.g. "
                    "1f1b,2,8,16x2048x8192 or gpipe,2,8,conv:256 (SPEC as in `hw validate --models`)")
@@ -168,10 +179,19 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     dp = args.data_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
+    runtime = runtime_for(args)
     with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again
-        built = build(schedule, args.gpus // dp, microbatches, virtual)
-        model = split_model(args, model, built.num_stages, microbatches, dp, profile)
-        return predict(built, model, profile, args.copy_streams, dp)
+        built = runtime.build(schedule, args.gpus // dp, microbatches, virtual)
+        model = split_model(args, model, built.num_stages, microbatches, dp, runtime.costs(profile))
+        return predict(built, model, profile, args.copy_streams, dp, runtime)
+
+
+def runtime_for(args: argparse.Namespace) -> Runtime:
+    """The runtime --runtime names, refusing what only hw's runner does (copy streams)."""
+    runtime = get_runtime(args.runtime)
+    if runtime is not EAGER and getattr(args, "copy_streams", False):
+        raise ParsimError(f"--copy-streams is hw's runner's; the {runtime.name} runtime posts its messages itself")
+    return runtime
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -193,7 +213,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     profile, model = load_profile(args.profile), model_from_args(args)
-    names = _schedule_names(args.schedules)
+    names = _schedule_names(args.schedules, runtime_for(args))
     results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
     if args.json:
         print(json.dumps([to_json(r) for r in results], indent=2))
@@ -207,14 +227,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule_names(text: str | None) -> list[str] | None:
+def _schedule_names(text: str | None, runtime: Runtime = EAGER) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCHEDULES]
+    unknown = [n for n in names if n not in runtime.schedules()]
     if unknown or not names:
-        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; "
-                          f"choose from: {', '.join(sorted(SCHEDULES))}")
+        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'} for the {runtime.name} runtime; "
+                          f"choose from: {', '.join(runtime.schedules())}")
     return names
 
 
@@ -224,8 +244,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
     limit = args.memory_limit * 1e9 if args.memory_limit else None
-    profile, model = load_profile(args.profile), model_from_args(args)
-    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules), args.partition)
+    profile, model, runtime = load_profile(args.profile), model_from_args(args), runtime_for(args)
+    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtime), args.partition,
+                         runtime)
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
@@ -242,15 +263,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from parsim.outputs.trace import write_trace
 
         best = fits[0]
-        schedule = build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
-                         best.virtual_stages if best.schedule in VIRTUAL else None)
+        schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
+                                 best.virtual_stages if best.schedule in VIRTUAL else None)
         split = replace(model, balance=best.balance)
-        write_trace(predict(schedule, split, profile, args.copy_streams, best.data_parallel)[1], args.trace)
+        write_trace(predict(schedule, split, profile, args.copy_streams, best.data_parallel, runtime)[1], args.trace)
     return 0
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:
-    result = SCENARIOS[args.name](load_profile(args.profile))
+    runtime = get_runtime(args.runtime)
+    if args.name in PIPELINE_SCENARIOS:
+        result = predict_pipeline_scenario(PIPELINE_SCENARIOS[args.name], load_profile(args.profile), runtime)
+    elif runtime is not EAGER:
+        raise ParsimError(f"the {args.name} scenario runs no pipeline; --runtime applies to "
+                          f"{', '.join(PIPELINE_SCENARIOS)}")
+    else:
+        result = SCENARIOS[args.name](load_profile(args.profile))
     if args.json:
         print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures}, indent=2))
         return 0
@@ -270,7 +298,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ParsimError("compare needs --measured CSV, or --timeline TRACE with --point")
     if args.measured:
         profile = load_profile(args.profile) if args.profile else None
-        table, plots = compare(args.measured, args.out, profile)
+        table, plots = compare(args.measured, args.out, profile, args.runtime)
         print(table)
         print("plots: " + ", ".join(map(str, plots)))
     if args.timeline:

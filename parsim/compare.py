@@ -20,7 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from parsim.errors import ModelError, ParsimError
+from parsim.errors import ParsimError
+from parsim.runtimes import get_runtime
 from parsim.files import write_png
 from parsim.workload import Model, model_from_spec, model_label
 
@@ -50,6 +51,7 @@ class Point:
     copy_streams: bool = False
     host_sensitive: bool = False  # see the module's docstring
     spec: str = ""  # the model's spec; "": the MLP stack of layers, hidden and tokens
+    runtime: str = "hw"  # what ran it (parsim.runtimes)
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -58,7 +60,8 @@ class Point:
     @property
     def label(self) -> str:
         """The schedule as the table and plots name it, with its variant."""
-        return (self.schedule + (f" dp{self.data_parallel}" if self.data_parallel > 1 else "")
+        return ((f"{self.runtime}:" if self.runtime != "hw" else "") + self.schedule
+                + (f" dp{self.data_parallel}" if self.data_parallel > 1 else "")
                 + (" copy-streams" if self.copy_streams else ""))
 
     @property
@@ -107,11 +110,14 @@ def read_points(path: str | Path) -> list[Point]:
             if dp < 1 or sizes[0] % dp:
                 raise ValueError(f"data_parallel {dp} does not divide gpus {sizes[0]}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
+            runtime = (row.get("runtime") or "hw").strip()
+            get_runtime(runtime)
             point = Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
-                          data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(), **times)
+                          data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
+                          runtime=runtime, **times)
             point.workload()  # a bad spec is this line's error, not a later one's
             points.append(point)
-        except (TypeError, ValueError, ModelError) as e:
+        except (TypeError, ValueError, ParsimError) as e:
             raise ParsimError(f"results {path}, line {n}: {e}") from None
     if not points:
         raise ParsimError(f"results {path} has no rows")
@@ -120,16 +126,19 @@ def read_points(path: str | Path) -> list[Point]:
 
 def _predict(p: Point, profile):
     from parsim.sim.predict import predict
-    from parsim.schedules import build
 
-    return predict(build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
-                   p.workload(), profile, p.copy_streams, p.data_parallel)[0]
+    runtime = get_runtime(p.runtime)
+    return predict(runtime.build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
+                   p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
 
 
-def repredict(points: list[Point], profile) -> list[Point]:
-    """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration)."""
+def repredict(points: list[Point], profile, runtime: str | None = None) -> list[Point]:
+    """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration), each
+    as run by `runtime` where given, else by its own."""
     out = []
     for p in points:
+        if runtime is not None:
+            p = replace(p, runtime=runtime)
         predicted = _predict(p, profile)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s))
     return out
@@ -229,17 +238,19 @@ def plot_speedups(points: list[Point], path: Path) -> None:
     write_png(fig, path)
 
 
-def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None) -> tuple[str, list[Path]]:
+def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None,
+            runtime: str | None = None) -> tuple[str, list[Path]]:
     """The error table, and the two plots written into out_dir (default: the CSV's folder).
 
-    With a profile, the predictions are redone from it; the CSV's own predictions are left aside.
-    Host sensitivity is judged with that profile, or the shipped one.
+    With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as
+    run by that runtime (else each point's own); the CSV's own predictions are left aside. Host
+    sensitivity is judged with that profile, or the shipped one.
     """
     from parsim.profile import load_profile
 
     points = read_points(csv_path)
-    if profile is not None:
-        points = repredict(points, profile)
+    if profile is not None or runtime is not None:
+        points = repredict(points, profile or load_profile(), runtime)
     points = mark_host_sensitive(points, profile or load_profile())
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():

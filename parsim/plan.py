@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from parsim.errors import ParsimError, ScheduleError
 from parsim.sim.predict import Prediction, predict
 from parsim.profile import Profile
-from parsim.schedules import SCHEDULES, VIRTUAL, Schedule, build
+from parsim.runtimes import Runtime
+from parsim.runtimes.eager import EAGER
+from parsim.schedules import VIRTUAL, Schedule
 from parsim.workload import Model, partitioned, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16
@@ -55,7 +57,7 @@ def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
 
 
 def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, data_parallel: bool,
-            ) -> Iterator[tuple[str, Schedule, int, int]]:
+            runtime: Runtime = EAGER) -> Iterator[tuple[str, Schedule, int, int]]:
     """(name, schedule, virtual stages, replicas) that can run: sizes the generator accepts, no more
     stages than layers, and several stages per GPU only where there are several GPUs."""
     for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if data_parallel else (1,):
@@ -64,7 +66,7 @@ def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, da
             for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
                 for v in ((2, 4) if name in VIRTUAL else (None,)):
                     try:
-                        schedule = build(name, pp, m, v)
+                        schedule = runtime.build(name, pp, m, v)
                     except ScheduleError:
                         continue  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
                     if schedule.num_stages <= len(model.layers) and (pp > 1 or schedule.num_stages == 1):
@@ -72,7 +74,8 @@ def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, da
 
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
-               max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal") -> list[Candidate]:
+               max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
+               runtime: Runtime = EAGER) -> list[Candidate]:
     """Every configuration that can run, predicted; those that cannot are skipped, not errors.
 
     Data-parallel degrees are tried only where the profile can cost an all-reduce; each configuration's
@@ -80,9 +83,11 @@ def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] |
     """
     dp_ok = data_parallel and "allreduce" in profile.collectives
     out = []
-    for name, schedule, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
-        split = partitioned(model, partition, schedule.num_stages, schedule.num_microbatches, profile, dp)
-        prediction, _ = predict(schedule, split, profile, data_parallel=dp)
+    run_profile = runtime.costs(profile)
+    for name, schedule, v, dp in _shapes(model, gpus, schedules or list(runtime.schedules()), max_microbatches, dp_ok,
+                                         runtime):
+        split = partitioned(model, partition, schedule.num_stages, schedule.num_microbatches, run_profile, dp)
+        prediction, _ = predict(schedule, split, profile, data_parallel=dp, runtime=runtime)
         params = params_per_gpu(split, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
         memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
                      for g, n in zip(prediction.per_gpu, params))
@@ -91,9 +96,10 @@ def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] |
 
 
 def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
-         schedules: list[str] | None = None, partition: str = "equal") -> tuple[list[Candidate], list[Candidate]]:
+         schedules: list[str] | None = None, partition: str = "equal",
+         runtime: Runtime = EAGER) -> tuple[list[Candidate], list[Candidate]]:
     """(fitting, too big): configurations under the memory limit, fastest first, and the rest."""
-    found = sorted(candidates(model, gpus, profile, schedules, partition=partition),
+    found = sorted(candidates(model, gpus, profile, schedules, partition=partition, runtime=runtime),
                    key=lambda c: c.prediction.step_time_s)
     if not found:
         raise ParsimError("no configuration can run this model on these GPUs")

@@ -69,6 +69,23 @@ class HostCosts:
 
 
 @dataclass(frozen=True)
+class RuntimeCosts:
+    """A pipeline runtime's own host costs, where they differ from hw's runner's (`host` and the layers' host_s).
+
+    Per compute action and per message posted; layer_host is the share of the layers' per-layer host
+    cost it pays (1: it launches their kernels one by one, as eager PyTorch does; 0: it replays a
+    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's.
+    `unmeasured` names the fields carried from elsewhere, not measured for this runtime.
+    """
+
+    action_s: float
+    p2p_s: float
+    layer_host: float = 1.0
+    gpu_scale: float = 1.0
+    unmeasured: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CollectiveSpec:
     """A ring all-reduce of n bytes over d GPUs: latency_s + 2(d-1)/d * n / busbw_Bps (NCCL's bus bandwidth)."""
 
@@ -105,6 +122,7 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict)
     kernels: dict[str, KernelCost] = field(default_factory=dict)  # optional: for the scenarios
     collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
+    runtimes: dict[str, RuntimeCosts] = field(default_factory=dict)  # optional: runtimes other than hw's runner
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -123,7 +141,8 @@ class Profile:
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
-        return replace(self, host=host, layers=layers)
+        runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor) for k, r in self.runtimes.items()}
+        return replace(self, host=host, layers=layers, runtimes=runtimes)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION}
@@ -191,8 +210,21 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
             where = f"{origin}.collectives.{kind}"
             collectives[kind] = CollectiveSpec(_number(spec, "latency_s", where, positive=False),
                                                _number(spec, "busbw_Bps", where), bool(spec.get("measured", True)))
+    runtimes = {}
+    if "runtimes" in doc:
+        for name, spec in _section(doc, "runtimes", origin).items():
+            runtimes[name] = _runtime_costs(spec, f"{origin}.runtimes.{name}")
     return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives)
+                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes)
+
+
+def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
+    unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
+    if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
+        raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
+    return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
+                        _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
+                        tuple(unmeasured))
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

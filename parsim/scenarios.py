@@ -11,11 +11,12 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parsim.errors import ProfileError
+from parsim.errors import ParsimError, ProfileError
 from parsim.sim.machine import Launch, Machine, Sync
 from parsim.sim.predict import predict
 from parsim.profile import KernelCost, Profile
-from parsim.schedules import build
+from parsim.runtimes.base import Runtime
+from parsim.runtimes.eager import EAGER
 from parsim.workload import Model, conv_model, mlp_model
 
 
@@ -215,11 +216,13 @@ PIPELINED_RESNET = PipelineScenario(
 PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS, PIPELINED_RESNET)}
 
 
-def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile) -> ScenarioResult:
-    """Each point of `scenario` simulated with `profile`; the ratios derived as from a measurement."""
+def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runtime: Runtime = EAGER) -> ScenarioResult:
+    """Each point of `scenario` simulated with `profile`, run by `runtime`; the ratios derived as from a measurement."""
     model = scenario.model(False)
-    times = {p.figure: predict(build(p.schedule, p.gpus, p.microbatches), model, profile, p.copy_streams)[0]
-             .step_time_s for p in scenario.points}
+    if runtime is not EAGER and any(p.copy_streams for p in scenario.points):
+        raise ParsimError(f"the {scenario.name} scenario compares hw's copy streams; it runs with the hw runtime only")
+    times = {p.figure: predict(runtime.build(p.schedule, p.gpus, p.microbatches), model, profile, p.copy_streams,
+                               runtime=runtime)[0].step_time_s for p in scenario.points}
     return ScenarioResult(scenario.name, scenario.figures(times), scenario.headline, scenario.description)
 
 

@@ -23,6 +23,9 @@ def make(name: str, p: int, m: int, v: int):
     several stages per GPU: v >= 2; DualPipeV: m >= 2p)."""
     if name == "interleaved-1f1b":
         return build(name, p, p * max(1, m // p), v + 1)
+    if name == "interleaved-zb":  # m a multiple of its rounds, m // p
+        rounds = max(1, m // p)
+        return build(name, p, m - m % rounds, v + 1)
     if name in VIRTUAL:
         return build(name, p, m, v + 1)
     if name == "dualpipev":
@@ -34,6 +37,8 @@ def memory_bound(name: str, p: int, m: int, stage: int, v: int) -> int:
     """Micro-batches a stage may hold at once, as each schedule promises."""
     if name in ("gpipe", "looped-bfs"):
         return m
+    if name == "interleaved-zb":  # warm-up (v-1 rounds and p-r-1) plus the r weight-grads rank r holds back
+        return min(p + (v - 1) * (m // max(1, m // p)), m)
     if name == "1f1b":
         return min(p - stage, m)
     if name == "zb-h1":
@@ -45,7 +50,7 @@ def memory_bound(name: str, p: int, m: int, stage: int, v: int) -> int:
 
 
 BACKWARD_FORMS = {  # how each schedule runs a (stage, micro-batch)'s backward: whole B, I + W, or either
-    "zb-h1": {(0, 1, 1)}, "zbv": {(0, 1, 1)}, "dualpipev": {(1, 0, 0), (0, 1, 1)},
+    "zb-h1": {(0, 1, 1)}, "zbv": {(0, 1, 1)}, "dualpipev": {(1, 0, 0), (0, 1, 1)}, "interleaved-zb": {(0, 1, 1)},
 }
 
 
@@ -91,7 +96,7 @@ def test_simulation_ends_no_sooner_than_the_closed_form_lower_bound(name, size, 
     step = simulate(s, equal_stages(p * v, t_f / v, t_b / v), profile).step_time_s
     if name == "zb-h1":  # input- and weight-grad each take t_b / 2
         bound = m * (t_f + t_b) + (p - 1) * t_f
-    elif name in V_SHAPED:  # rank p-1 waits for p-1 chunk forwards, then has all its work to do
+    elif name in V_SHAPED or name == "interleaved-zb":  # rank p-1 waits for p-1 chunk forwards, then has all its work
         bound = m * (t_f + t_b) + (p - 1) * t_f / v
     else:
         bound = (m + (p - 1) / v) * (t_f + t_b)

@@ -99,7 +99,7 @@ def test_every_compute_action_runs_once_per_stage_and_microbatch(name):
 
 
 def test_unknown_schedule_names_the_choices():
-    with pytest.raises(ScheduleError, match="unknown schedule 'zb'; choose one of: 1f1b, dualpipev, gpipe, interleaved-1f1b, "
+    with pytest.raises(ScheduleError, match="unknown schedule 'zb'; choose one of: 1f1b, dualpipev, gpipe, interleaved-1f1b, interleaved-zb, "
                        "looped-bfs, zb-h1, zbv"):
         build("zb", 4, 8)
 

@@ -24,8 +24,9 @@ def fmt_bytes(n: float) -> str:
 
 
 def to_json(p: Prediction) -> dict[str, Any]:
-    """The prediction as plain data; keys are stable for scripts."""
-    return {
+    """The prediction as plain data; keys are stable for scripts ("runtime" only where it is not hw's runner,
+    so that the default output stays as it was)."""
+    return ({"runtime": p.runtime} if p.runtime != "hw" else {}) | {
         "schedule": p.schedule,
         "gpus": p.gpus,
         "data_parallel": p.data_parallel,
@@ -51,7 +52,8 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
     """A short human report: the headline figures, then one row per GPU (elided past max_rows)."""
     lines = [
         f"parsim prediction: {p.schedule} on {p.gpus} GPU(s), {p.microbatches} micro-batches"
-        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages" if p.data_parallel > 1 else ""),
+        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages" if p.data_parallel > 1 else "")
+        + (f", run by {p.runtime}" if p.runtime != "hw" else ""),
         f"  model     {p.model}",
         f"  profile   {p.profile}",
         "",

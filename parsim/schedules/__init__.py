@@ -11,23 +11,25 @@ import argparse
 from collections.abc import Callable
 
 from parsim.errors import ScheduleError
-from parsim.schedules.actions import (ALL_OPS, COMM_OPS, COMPUTE_OPS, NEIGHBOUR, PAIRED_RECV, Action, Op,  # noqa: F401
-                                      Schedule, act, paired_recv, place_messages, with_messages)
+from parsim.schedules.actions import (ALL_OPS, COMM_OPS, COMPUTE_OPS, NEIGHBOUR, PAIRED_RECV, Action,  # noqa: F401
+                                      CommPlan, Op, Schedule, act, paired_recv, place_messages, with_messages)
 from parsim.schedules import from_torch
 from parsim.schedules.from_torch import TORCH_PREFIX
-from parsim.schedules.generators import (dualpipev, gpipe, interleaved_1f1b, looped_bfs, one_f_one_b,  # noqa: F401
-                                         v_stage_to_rank, zb_h1, zbv)
+from parsim.schedules.generators import (dualpipev, dualpipev_orders, gpipe, interleaved_1f1b,  # noqa: F401
+                                         interleaved_orders, interleaved_zb, looped_bfs, one_f_one_b, v_stage_to_rank,
+                                         zb_h1, zbv)
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
+    "interleaved-zb": interleaved_zb,
     "zb-h1": zb_h1,
     "zbv": zbv,
     "dualpipev": dualpipev,
     "looped-bfs": looped_bfs,
 }
-VIRTUAL = {"interleaved-1f1b", "looped-bfs"}  # schedules that take virtual_stages
+VIRTUAL = {"interleaved-1f1b", "interleaved-zb", "looped-bfs"}  # schedules that take virtual_stages
 V_SHAPED = {"zbv", "dualpipev"}  # two stages per GPU, placed by v_stage_to_rank
 
 

@@ -6,8 +6,8 @@ step run one program.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -66,14 +66,34 @@ _new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
+class CommPlan:
+    """How a runtime posts and awaits a schedule's messages, beyond the order of its lists.
+
+    Without one (hw's runner), each send and receive is posted alone on its directed channel's own
+    stream, and a compute waits only for the message it consumes. With one, `batches` lists each
+    rank's sends and receives as posted together (one batch_isend_irecv), in posting order: a rank's
+    batches share one communication stream, so each starts once the one before has completed (NCCL
+    runs a stream's kernels in order), while the messages of one batch run together. `waits` names,
+    per compute action, messages its stream waits for besides the one it consumes (`work.wait()`).
+    """
+
+    batches: tuple[tuple[tuple[Action, ...], ...], ...]  # batches[rank]: its posts, in order
+    waits: Mapping[Action, tuple[Action, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """A pipeline schedule: which rank hosts each stage and the ordered actions of every rank."""
+    """A pipeline schedule: which rank hosts each stage and the ordered actions of every rank.
+
+    `comm` is how its runtime posts and awaits the messages (see CommPlan); None for hw's runner.
+    """
 
     name: str
     num_stages: int
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
     actions: tuple[tuple[Action, ...], ...]  # actions[rank]
+    comm: CommPlan | None = None
 
     @property
     def num_ranks(self) -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from parsim.errors import ScheduleError
-from parsim.schedules.actions import Action, Op, Schedule, act, backward_with_messages, forward_with_messages, place_messages
+from parsim.schedules.actions import (Action, Op, Schedule, act, backward_with_messages, forward_with_messages,
+                                      place_messages, with_messages)
 
 
 def _check_sizes(num_ranks: int, num_microbatches: int, virtual_stages: int = 1) -> None:
@@ -73,17 +76,68 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int 
         raise ScheduleError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple "
                             f"of the GPU count ({p})")
     owner = tuple(s % p for s in range(p * v))
-    ranks = []
-    for r in range(p):
-        forwards = [(c * p + r, g * p + k) for g in range(m // p) for c in range(v) for k in range(p)]
-        backwards = [(c * p + r, g * p + k) for g in range(m // p) for c in reversed(range(v)) for k in range(p)]
-        warmup = min((p - r - 1) * 2 + (v - 1) * p, m * v)
-        acts = [a for st, i in forwards[:warmup] for a in forward_with_messages(st, i, owner)]
-        for (fs, fi), (bs, bi) in zip(forwards[warmup:], backwards):
-            acts += forward_with_messages(fs, fi, owner) + backward_with_messages(bs, bi, owner)
-        acts += [a for st, i in backwards[m * v - warmup:] for a in backward_with_messages(st, i, owner)]
-        ranks.append(tuple(acts))
+    ranks = [tuple(with_messages(acts, owner)) for acts in interleaved_orders(p, m, v)]
     return Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks))
+
+
+def interleaved_zb(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
+    """Interleaved zero bubble (ZB1P, Qi et al., 2023; torch's ScheduleInterleavedZeroBubble): interleaved
+    1F1B with each backward split into I and W, rank r letting r weight-grads wait to fill its bubbles.
+    Any m that its rounds divide (see interleaved_orders)."""
+    _check_sizes(num_ranks, num_microbatches, virtual_stages)
+    p, m, v = num_ranks, num_microbatches, virtual_stages
+    owner = tuple(s % p for s in range(p * v))
+    return Schedule("interleaved-zb", p * v, m, owner, place_messages(interleaved_orders(p, m, v, True), owner))
+
+
+def interleaved_orders(num_ranks: int, num_microbatches: int, virtual_stages: int,
+                       zero_bubble: bool = False) -> list[list[Action]]:
+    """Each rank's compute order under interleaved 1F1B, or its zero-bubble variant (ZB1P, torch's
+    ScheduleInterleavedZeroBubble: backwards split into I and W, rank r holding back r weight-grads).
+
+    Micro-batches go in rounds of m // max(1, m // p); a rank runs a round's forwards through its
+    stages in order and its backwards through them in reverse; warm-up is (v-1) rounds plus 2 (1 for
+    zero bubble) forwards per rank after it. For m a multiple of p this is Megatron-LM's order; torch
+    also runs it for any m that its rounds divide.
+    """
+    p, m, v = num_ranks, num_microbatches, virtual_stages
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ScheduleError(f"interleaved schedules need the micro-batch count ({m}) to be a multiple of "
+                            f"its rounds ({rounds})")
+    per_round = m // rounds
+    return [_interleaved_rank(p, m, v, r, per_round, zero_bubble) for r in range(p)]
+
+
+def _interleaved_rank(p: int, m: int, v: int, r: int, per_round: int, zero_bubble: bool) -> list[Action]:
+    warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - r), m * v)
+    backward_op = Op.BACKWARD_INPUT if zero_bubble else Op.BACKWARD
+    taken: Counter[tuple[str, int]] = Counter()
+    out: list[Action] = []
+    waiting: list[int] = []  # steps of the backwards whose weight-grad has not run, oldest first
+
+    def add(kind: str, stage: int) -> None:
+        out.append(act(kind, stage, taken[kind, stage]))
+        taken[kind, stage] += 1
+
+    def forward_stage(step: int) -> int:
+        return (step // per_round) % v * p + r
+
+    def backward_stage(step: int) -> int:
+        return (v - 1 - (step - warmup) // per_round % v) * p + r
+
+    for step in range(m * v + warmup):
+        if step < m * v:
+            add(Op.FORWARD, forward_stage(step))
+        if step >= warmup:
+            add(backward_op, backward_stage(step))
+            if zero_bubble:
+                waiting.append(step)
+                if step - warmup >= r:  # rank r lets r weight-grads wait
+                    add(Op.BACKWARD_WEIGHT, backward_stage(waiting.pop(0)))
+    for step in waiting:
+        add(Op.BACKWARD_WEIGHT, backward_stage(step))
+    return out
 
 
 def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -132,20 +186,37 @@ class _RankOrder:
 
     def __init__(self) -> None:
         self.actions: list[Action] = []
+        self.slots: list[tuple[Action, ...]] = []  # the actions, an overlapped pair as one slot (torch's OVERLAP_F_B)
         self.next: Counter[tuple[str, int]] = Counter()  # (F or backward, stage) -> next micro-batch
         self.waiting: list[Action] = []  # weight-grads whose input-grad has run, oldest first
+        self._pair: list[Action] | None = None
+
+    @contextmanager
+    def overlapped(self) -> Iterator[None]:
+        """The actions laid down inside form one slot: a forward and a backward that DualPipe overlaps."""
+        self._pair = []
+        yield
+        self.slots.append(tuple(self._pair))
+        self._pair = None
+
+    def _emit(self, a: Action) -> None:
+        self.actions.append(a)
+        if self._pair is None:
+            self.slots.append((a,))
+        else:
+            self._pair.append(a)
 
     def done(self, kind: str, stage: int) -> int:
         """How many micro-batches have had their forward (F) or backward (B: whole or I) on `stage`."""
         return self.next[kind, stage]
 
     def forward(self, stage: int) -> None:
-        self.actions.append(act(Op.FORWARD, stage, self._take(Op.FORWARD, stage)))
+        self._emit(act(Op.FORWARD, stage, self._take(Op.FORWARD, stage)))
 
     def backward(self, stage: int, split: bool = True) -> None:
         """The next backward on `stage`: its input-grad, with the weight-grad left waiting, or whole (B)."""
         i = self._take(Op.BACKWARD, stage)
-        self.actions.append(act(Op.BACKWARD_INPUT if split else Op.BACKWARD, stage, i))
+        self._emit(act(Op.BACKWARD_INPUT if split else Op.BACKWARD, stage, i))
         if split:
             self.waiting.append(act(Op.BACKWARD_WEIGHT, stage, i))
 
@@ -154,7 +225,7 @@ class _RankOrder:
         w = next((w for w in self.waiting if stage is None or w.stage == stage), None)
         if w is not None:
             self.waiting.remove(w)
-            self.actions.append(w)
+            self._emit(w)
 
     def all_weights(self, stage: int) -> None:
         """Run every weight-grad still waiting on `stage`, oldest first."""
@@ -231,11 +302,18 @@ def dualpipev(num_ranks: int, num_microbatches: int) -> Schedule:
     second half split, whose held weight-grads then fill the tail. Needs m >= 2p, as DeepSeek's
     and torch's do: rank 0 alone runs 2p-1 forwards before its first backward.
     """
+    owner = v_stage_to_rank(num_ranks)
+    ranks = [order.actions for order in dualpipev_orders(num_ranks, num_microbatches)]
+    return Schedule("dualpipev", 2 * num_ranks, num_microbatches, owner, place_messages(ranks, owner))
+
+
+def dualpipev_orders(num_ranks: int, num_microbatches: int) -> list[_RankOrder]:
+    """Each rank's DualPipeV order (see dualpipev), with the pairs DualPipe overlaps as single slots."""
     _check_sizes(num_ranks, num_microbatches)
-    p, m, owner = num_ranks, num_microbatches, v_stage_to_rank(num_ranks)
+    p, m = num_ranks, num_microbatches
     if m < 2 * p:
         raise ScheduleError(f"DualPipeV needs at least two micro-batches per GPU (2p = {2 * p}), got {m}")
-    ranks = []
+    orders = []
     for r in range(p):
         down, up, order = r, 2 * p - 1 - r, _RankOrder()
         for _ in range(2 * (p - r - 1)):
@@ -247,15 +325,22 @@ def dualpipev(num_ranks: int, num_microbatches: int) -> Schedule:
             order.backward(up)
             order.weight()
             order.forward(up)
-        for _ in range(m - 2 * p + r + 1):
-            order.forward(down)
-            order.backward(up, split=False)
-            order.forward(up)
-            order.backward(down, split=False)
+        for i in range(m - 2 * p + r + 1):
+            if i == 0 and r == p - 1:  # the last rank's first pair is not overlapped, to shorten its bubble
+                order.forward(down)
+                order.backward(up, split=False)
+            else:
+                with order.overlapped():
+                    order.forward(down)
+                    order.backward(up, split=False)
+            with order.overlapped():
+                order.forward(up)
+                order.backward(down, split=False)
         for _ in range(p - r - 1):
             order.backward(up, split=False)
-            order.forward(up)
-            order.backward(down, split=False)
+            with order.overlapped():
+                order.forward(up)
+                order.backward(down, split=False)
         for k, stage in enumerate([up, down] * (r + 1)):
             order.backward(stage, split=k >= r + 1)
         for _ in range(p - r - 1):
@@ -263,8 +348,8 @@ def dualpipev(num_ranks: int, num_microbatches: int) -> Schedule:
             order.backward(down)
         for _ in range(r + 1):
             order.weight()
-        ranks.append(order.actions)
-    return Schedule("dualpipev", 2 * p, m, owner, place_messages(ranks, owner))
+        orders.append(order)
+    return orders
 
 
 def looped_bfs(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:

@@ -8,7 +8,7 @@ from itertools import islice
 from parsim.sim.dataflow import iter_wait_keys, transfers
 from parsim.sim.machine import Launch, Machine, Op, Sync
 from parsim.profile import LinkSpec, Profile
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, Op as ActionOp, Schedule
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Op as ActionOp, Schedule
 from parsim.workload import StageCost, Work
 
 
@@ -158,10 +158,13 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     """Each rank's host program (a launch per op, in program order), and each op's dependencies:
     what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
+    more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
         for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
+            if more is not None and a in more:
+                deps = deps + more[a]
             kind, stage, mb = a
             op = ops[kind][stage][mb]
             parts = parts_of.get(a) if parts_of else None
@@ -181,6 +184,18 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
             n = len(parts)
             for part in parts:
                 append(new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))))
+
+
+def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
+    """What each action waits for under its runtime's comm plan, beyond its data and its stream: a compute,
+    the messages its stream is made to wait for; a send or receive, every message of the batch its rank
+    posted before it (one communication stream per rank runs its batches in order)."""
+    more: dict[Action, list[Action]] = {a: list(msgs) for a, msgs in comm.waits.items()}
+    for batches in comm.batches:
+        for before, batch in zip(batches, batches[1:]):
+            for a in batch:
+                more.setdefault(a, []).extend(before)
+    return more
 
 
 def finish_step(machine: Machine) -> None:

@@ -8,6 +8,7 @@ from parsim.sim.machine import HostThread, Machine, Op, gc_paused
 from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
 from parsim.sim.lower import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
+from parsim.runtimes.base import Runtime
 from parsim.schedules import Schedule, gpipe
 from parsim.sim.check import validate
 from parsim.workload import Model, StageCost, stage_costs
@@ -35,6 +36,7 @@ class Prediction:
     profile: str
     data_parallel: int = 1
     sample: str = "token"  # what `tokens` counts: "token", or "image" for a conv net
+    runtime: str = "hw"  # what ran the step (parsim.runtimes); the single-GPU baseline is always eager
 
     @property
     def speedup(self) -> float:
@@ -89,17 +91,18 @@ def single_gpu_step_s(model: Model, profile: Profile) -> float:
 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
-            data_parallel: int = 1) -> tuple[Prediction, Simulation]:
-    """Predict the step of `model` under `schedule` (on each of `data_parallel` replicas), with the
-    simulation behind the numbers."""
+            data_parallel: int = 1, runtime: Runtime | None = None) -> tuple[Prediction, Simulation]:
+    """Predict the step of `model` under `schedule` (on each of `data_parallel` replicas), run by `runtime`
+    (default hw's eager runner), with the simulation behind the numbers."""
     with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
-        return _predict(schedule, model, profile, copy_streams, data_parallel)
+        return _predict(schedule, model, profile, copy_streams, data_parallel, runtime)
 
 
 def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool, data_parallel: int,
-             ) -> tuple[Prediction, Simulation]:
-    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, profile, data_parallel)
-    sim = simulate(schedule, costs, profile, copy_streams, data_parallel)
+             runtime: Runtime | None) -> tuple[Prediction, Simulation]:
+    run_profile = runtime.costs(profile) if runtime is not None else profile
+    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
+    sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
     gpus = schedule.num_ranks * data_parallel
     busy = {g: 0.0 for g in range(gpus)}
     tracks = {compute_track(r): r for r in busy}
@@ -114,5 +117,6 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
         per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
     prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
                             sim.step_time_s, single_gpu_step_s(model, profile), model.tokens,
-                            tuple(per_gpu), profile.describe(), data_parallel, model.sample)
+                            tuple(per_gpu), run_profile.describe(), data_parallel, model.sample,
+                            runtime.name if runtime is not None else "hw")
     return prediction, sim

@@ -1,0 +1,37 @@
+"""Pipeline runtimes, by name: what runs a schedule on the host, and so where its messages sit, what waits on
+what, and what the host pays per action and per message (parsim.runtimes.base).
+
+`hw` is hw's own eager runner (the default); `torch` is torch.distributed.pipelining's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from parsim.errors import ParsimError
+from parsim.runtimes.base import Runtime, run_by  # noqa: F401
+from parsim.runtimes.eager import EAGER
+from parsim.runtimes.torch_pipelining import TORCH
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (EAGER, TORCH)}
+DEFAULT_RUNTIME = EAGER.name
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime registered as `name`, or one clear error naming the known ones."""
+    if name not in RUNTIMES:
+        raise ParsimError(f"unknown runtime {name!r}; choose one of: {', '.join(RUNTIMES)}")
+    return RUNTIMES[name]
+
+
+def runtime_name(text: str) -> str:
+    """argparse type for --runtime."""
+    if text in RUNTIMES:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown runtime {text!r}; choose one of: {', '.join(RUNTIMES)}")
+
+
+def runtime_help() -> str:
+    """The --runtime flag's help: each runtime's one line."""
+    return "what runs the schedule: " + "; ".join(f"{r.name}: {r.summary}" for r in RUNTIMES.values()) + \
+        f" (default {DEFAULT_RUNTIME})"

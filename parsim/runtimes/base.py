@@ -1,0 +1,53 @@
+"""What a runtime is: the part of the model that runs a schedule's actions on the host.
+
+A runtime decides where each rank's sends and receives sit and how they are batched, what waits on
+what (Schedule.comm), and what the host pays per compute action, per layer and per message (its
+costs in the profile). The machine (the profile) and the schedule are the other two parts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import replace
+
+from parsim.errors import ProfileError
+from parsim.profile import LayerCosts, OpCost, Profile, RuntimeCosts
+from parsim.schedules import Schedule
+
+
+class Runtime(ABC):
+    """A named way of running schedules: it builds them as it orders them and says what they cost its host."""
+
+    name: str
+    summary: str  # one line for --help and reports
+
+    @abstractmethod
+    def build(self, schedule: str, num_ranks: int, num_microbatches: int,
+              virtual_stages: int | None = None) -> Schedule:
+        """The named schedule with its messages placed, batched and awaited as this runtime does."""
+
+    @abstractmethod
+    def schedules(self) -> tuple[str, ...]:
+        """The schedule names this runtime runs."""
+
+    def costs(self, profile: Profile) -> Profile:
+        """`profile` as this runtime pays it: its host costs in place of hw's runner's."""
+        spec = profile.runtimes.get(self.name)
+        if spec is None:
+            raise ProfileError(f"the profile has no costs for the {self.name!r} runtime; measure them with "
+                               f"`python -m hw calibrate --runtimes {self.name}`")
+        return run_by(profile, self.name, spec)
+
+
+def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
+    """`profile` with a runtime's host costs per action and message, and its layers' host and GPU costs scaled."""
+    def op(cost: OpCost) -> OpCost:
+        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale, cost.flops_per_s / spec.gpu_scale)
+
+    layers = {k: LayerCosts(op(c.forward), op(c.backward_input), op(c.backward_weight)) for k, c in profile.layers.items()}
+    meta = dict(profile.meta)
+    if spec.unmeasured:
+        carried = list(meta.get("carried_from_base") or [])
+        meta["carried_from_base"] = carried + [f"{name}.{f}" for f in spec.unmeasured]
+    return replace(profile, host=replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s), layers=layers,
+                   meta=meta)
