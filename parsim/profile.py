@@ -66,6 +66,7 @@ class HostCosts:
     p2p_s: float  # to post one send or receive
     launch_s: float | None = None  # to launch one simple op such as `y = x + 1` (scenarios)
     sync_s: float | None = None  # torch.cuda.synchronize() on an idle GPU (scenarios)
+    step_s: float = 0.0  # once per step and rank, after its last action (a runtime's bookkeeping; 0 for hw's)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class RuntimeCosts:
     p2p_s: float
     layer_host: float = 1.0
     gpu_scale: float = 1.0
+    step_s: float = 0.0  # once per step and rank: splitting the batch, resetting state, scaling gradients
     unmeasured: tuple[str, ...] = ()
 
 
@@ -141,7 +143,8 @@ class Profile:
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
-        runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor) for k, r in self.runtimes.items()}
+        runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor)
+                    for k, r in self.runtimes.items()}
         return replace(self, host=host, layers=layers, runtimes=runtimes)
 
     def to_json(self) -> dict[str, Any]:
@@ -189,7 +192,8 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     links_doc = _section(doc, "links", origin)
     links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
     host_doc = _section(doc, "host", origin)
-    optional = {k: _number(host_doc, k, f"{origin}.host") for k in ("launch_s", "sync_s") if host_doc.get(k) is not None}
+    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k != "step_s")
+                for k in ("launch_s", "sync_s", "step_s") if host_doc.get(k) is not None}
     host = HostCosts(_number(host_doc, "action_s", f"{origin}.host", positive=False),
                      _number(host_doc, "p2p_s", f"{origin}.host", positive=False), **optional)
     kernels = {}
@@ -224,7 +228,7 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        tuple(unmeasured))
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured))
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

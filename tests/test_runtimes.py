@@ -162,3 +162,13 @@ def test_torch_comm_annotated_lists_equal_torchs_own_for_every_runtime_class():
                     assert [list(acts) for acts in TORCH.build(name, p, m, v).actions] == theirs, (name, p, m, v)
                     checked += 1
     assert checked > 150
+
+
+def test_a_runtimes_per_step_bookkeeping_adds_to_each_ranks_host_time():
+    profile = make_profile(latency_s=0.0, bandwidth_Bps=1e15, action_s=1e-3, p2p_s=0.0)
+    s = TORCH.build("gpipe", 1, 4)
+    costs = equal_stages(1, 1e-6, 1e-6)  # the host sets the pace: 8 actions of 1 ms, the GPU 1 us behind
+    without = simulate(s, costs, TORCH.costs(with_torch_costs(profile))).step_time_s
+    with_step = simulate(s, costs, TORCH.costs(with_torch_costs(profile, step_s=2e-3))).step_time_s
+    assert without == pytest.approx(8e-3 + 1e-6)
+    assert with_step == pytest.approx(8e-3 + 2e-3)  # after the last launch, beside the GPU's last kernel

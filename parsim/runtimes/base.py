@@ -49,5 +49,5 @@ def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
     if spec.unmeasured:
         carried = list(meta.get("carried_from_base") or [])
         meta["carried_from_base"] = carried + [f"{name}.{f}" for f in spec.unmeasured]
-    return replace(profile, host=replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s), layers=layers,
-                   meta=meta)
+    host = replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s, step_s=spec.step_s)
+    return replace(profile, host=host, layers=layers, meta=meta)

@@ -198,12 +198,15 @@ def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
     return more
 
 
-def finish_step(machine: Machine) -> None:
-    """Each host synchronises once at the end of the step, on everything it launched.
+def finish_step(machine: Machine, step_s: float = 0.0) -> None:
+    """Each host spends step_s on its runtime's per-step bookkeeping, then synchronises once at the end of
+    the step, on everything it launched.
 
     A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
     """
     for host in machine.hosts:
+        if step_s > 0:
+            host.steps.append(Launch(machine.op(f"{host.name} bookkeeping", "step", 0.0), step_s, step_s))
         last: dict[str, Op] = {}
         for step in host.steps:  # a plain loop, by index: this sees every launch (260k)
             if type(step) is Launch:

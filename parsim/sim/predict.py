@@ -79,7 +79,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
                     for r in range(data_parallel)]
         if data_parallel > 1:
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
-        finish_step(machine)
+        finish_step(machine, profile.host.step_s)
         step = machine.run()
     ops = [op for s in machine.streams.values() for op in s.ops]
     return Simulation(step, ops, machine.hosts)
