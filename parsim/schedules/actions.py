@@ -112,11 +112,11 @@ class Schedule:
 
 def forward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
     """Receive the input (if it comes from another rank), run the forward, send the output."""
-    rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
-    acts = [Action(Op.RECV_F, stage, mb)] if stage > 0 and stage_to_rank[stage - 1] != rank else []
-    acts.append(Action(Op.FORWARD, stage, mb))
-    if stage < last and stage_to_rank[stage + 1] != rank:
-        acts.append(Action(Op.SEND_F, stage, mb))
+    rank, new = stage_to_rank[stage], _new_tuple  # actions built in C: generators make 400k of them
+    acts = [new(Action, (Op.RECV_F, stage, mb))] if stage > 0 and stage_to_rank[stage - 1] != rank else []
+    acts.append(new(Action, (Op.FORWARD, stage, mb)))
+    if stage < len(stage_to_rank) - 1 and stage_to_rank[stage + 1] != rank:
+        acts.append(new(Action, (Op.SEND_F, stage, mb)))
     return acts
 
 
@@ -124,11 +124,12 @@ def backward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...],
                            op: str = Op.BACKWARD) -> list[Action]:
     """Receive the output's gradient (if from another rank), run the backward (B, or only its
     input-grad I), send the input's gradient."""
-    rank, last = stage_to_rank[stage], len(stage_to_rank) - 1
-    acts = [Action(Op.RECV_B, stage, mb)] if stage < last and stage_to_rank[stage + 1] != rank else []
-    acts.append(Action(op, stage, mb))
+    rank, new = stage_to_rank[stage], _new_tuple
+    last = len(stage_to_rank) - 1
+    acts = [new(Action, (Op.RECV_B, stage, mb))] if stage < last and stage_to_rank[stage + 1] != rank else []
+    acts.append(new(Action, (op, stage, mb)))
     if stage > 0 and stage_to_rank[stage - 1] != rank:
-        acts.append(Action(Op.SEND_B, stage, mb))
+        acts.append(new(Action, (Op.SEND_B, stage, mb)))
     return acts
 
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule, act
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule, act
 
 
 
@@ -42,46 +42,47 @@ def iter_waits(schedule: Schedule, copy_streams: bool) -> Iterator[tuple[Action,
 
 
 Key = tuple[str, int, int]  # (op, stage, microbatch): equal to, and hashing as, that Action
+GRAD = "grad"  # in stage_waits: what makes a stage's input gradient, I where its backward is split, else B
+
+
+def stage_waits(schedule: Schedule) -> dict[str, list[tuple[tuple[str, int], ...]]]:
+    """op -> per stage: the (op, stage) pairs an action of that op and stage waits for, each at the action's
+    own micro-batch (GRAD: whichever of I and B makes that stage's input gradient); iter_waits's data rules,
+    as a table that the longest-path settling reads without building a list per action."""
+    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    F, B, I, W = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
+    table: dict[str, list[tuple[tuple[str, int], ...]]] = {op: [] for op in ALL_OPS}
+    for s in range(last + 1):
+        table[F].append(() if s == 0 else ((F, s - 1),) if owner[s - 1] == owner[s] else ((Op.RECV_F, s),))
+        grad = () if s == last else ((GRAD, s + 1),) if owner[s + 1] == owner[s] else ((Op.RECV_B, s),)
+        table[B].append(((F, s),) + grad)
+        table[I].append(((F, s),) + grad)
+        table[W].append(((I, s),))
+        table[Op.SEND_F].append(((F, s),))
+        table[Op.SEND_B].append(((GRAD, s),))
+        table[Op.RECV_F].append(())  # receives wait for their send, through the channel
+        table[Op.RECV_B].append(())
+    return table
 
 
 def iter_wait_keys(schedule: Schedule, copy_streams: bool) -> Iterator[tuple[Action, list[Key]]]:
     """iter_waits with each dependency as a plain (op, stage, microbatch) tuple.
 
-    The rules live here, once; plain tuples are made several times faster than Actions, which
-    matters to the simulator, which reads them once per action (400k for 1F1B 64 x 1024).
+    The rules live here, once (stage_waits, and the compute-stream rule below); plain tuples are made
+    several times faster than Actions, which matters to the simulator, which reads them once per action.
     """
     split = {a for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
-    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
-    prev_local = [s > 0 and owner[s - 1] == owner[s] for s in range(last + 1)]
-    next_local = [s < last and owner[s + 1] == owner[s] for s in range(last + 1)]
-    F, B, I, W = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
-    # what produces stage s's input-grad: I where the backward is split, else B; inlined below
+    rules = stage_waits(schedule)
+    B, I = Op.BACKWARD, Op.BACKWARD_INPUT
     for acts in schedule.actions:
         last_compute: Action | None = None
         for action in acts:
             op, s, i = action
-            if op == F:
-                deps = [] if s == 0 else [(F, s - 1, i) if prev_local[s] else (Op.RECV_F, s, i)]
-            elif op == B or op == I:
-                if s == last:
-                    deps = [(F, s, i)]
-                elif next_local[s]:
-                    grad = (I, s + 1, i)
-                    deps = [(F, s, i), grad if grad in split else (B, s + 1, i)]
-                else:
-                    deps = [(F, s, i), (Op.RECV_B, s, i)]
-            elif op == W:
-                deps = [(I, s, i)]
-            elif op == Op.SEND_F:
-                deps = [(F, s, i)]
-            elif op == Op.SEND_B:
-                deps = [(I, s, i) if (I, s, i) in split else (B, s, i)]
-            else:
-                deps = []  # receives wait for their send, through the channel
+            deps = [((I if (I, s2, i) in split else B) if k == GRAD else k, s2, i) for k, s2 in rules[op][s]]
             if op in COMPUTE_OPS:
                 last_compute = action
             elif not copy_streams and last_compute is not None and last_compute not in deps:
-                deps.append(last_compute)
+                deps.append(last_compute)  # a send or receive on the compute stream: after what was issued before
             yield action, deps
 
 

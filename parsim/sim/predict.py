@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from parsim.sim.machine import HostThread, Machine, Op, gc_paused
 from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
+from parsim.sim.longest_path import settle_step
 from parsim.sim.lower import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.schedules import Schedule, gpipe
-from parsim.sim.check import validate
+from parsim.sim.check import check_channel_order, validate
 from parsim.workload import Model, StageCost, stage_costs
 
 
@@ -55,11 +58,24 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Simulation:
-    """The simulated step: its length, and every op and host launch with its times, for timelines."""
+    """The simulated step: its length and each GPU's busy time; every op and host launch with its times, for
+    timelines, from the event-driven machine (run when first asked for, where the step was settled without it)."""
 
     step_time_s: float
-    ops: list[Op]
-    hosts: list[HostThread]
+    busy_s: tuple[float, ...]  # per GPU: time its compute stream runs kernels
+    run_machine: Callable[[], Machine] = field(repr=False, compare=False)
+
+    @cached_property
+    def machine(self) -> Machine:
+        return self.run_machine()
+
+    @property
+    def ops(self) -> list[Op]:
+        return [op for s in self.machine.streams.values() for op in s.ops]
+
+    @property
+    def hosts(self) -> list[HostThread]:
+        return self.machine.hosts
 
     @property
     def host_spans(self) -> dict[str, list[tuple[Op, float, float]]]:
@@ -67,22 +83,57 @@ class Simulation:
         return {h.name: h.spans() for h in self.hosts}
 
 
+ENGINES = ("auto", "longest-path", "events")  # simulate's: the walk where it applies, else the machine; or one
+
+
 def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
-             copy_streams: bool = False, data_parallel: int = 1) -> Simulation:
+             copy_streams: bool = False, data_parallel: int = 1, engine: str = "auto") -> Simulation:
     """Run one step of `schedule` with per-stage `costs` on the machine `profile` describes,
-    on `data_parallel` replicas of the pipeline whose gradients are all-reduced."""
+    on `data_parallel` replicas of the pipeline whose gradients are all-reduced.
+
+    The step is settled by one longest-path pass (parsim.sim.longest_path) where no link is shared, else on
+    the event-driven machine; both give the same times, to the bit. `engine` forces one, for tests
+    ("longest-path" raises where it does not apply).
+    """
     with gc_paused():
-        validate(schedule, copy_streams, check_deadlock=False)  # the simulation itself finds deadlocks
-        machine = Machine()
+        validate(schedule, copy_streams, check_deadlock=False, check_order=False)  # the simulation finds these
         buckets = gradient_buckets(costs) if data_parallel > 1 else None
+        gpus = schedule.num_ranks * data_parallel
+
+        def run_machine() -> Machine:
+            return _run_machine(schedule, costs, profile, copy_streams, data_parallel, buckets)
+
+        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
+            if engine != "events" else None
+        if settled is not None:
+            return Simulation(settled.step_time_s, settled.busy_s, run_machine)
+        check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
+        if engine == "longest-path":
+            raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
+        machine = run_machine()
+        busy = {compute_track(g): 0.0 for g in range(gpus)}
+        for stream in machine.streams.values():
+            if stream.name in busy:
+                for op in stream.ops:
+                    busy[stream.name] += op.end_s - op.start_s
+        sim = Simulation(max((h.finished_at for h in machine.hosts), default=0.0), tuple(busy.values()),
+                         run_machine)
+        sim.__dict__["machine"] = machine  # already run: cached_property's slot
+        return sim
+
+
+def _run_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
+                 data_parallel: int, buckets: dict[int, int] | None) -> Machine:
+    """The step lowered onto the event-driven machine and run (raising ScheduleError on a deadlock)."""
+    with gc_paused():
+        machine = Machine()
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets)
                     for r in range(data_parallel)]
         if data_parallel > 1:
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
         finish_step(machine, profile.host.step_s)
-        step = machine.run()
-    ops = [op for s in machine.streams.values() for op in s.ops]
-    return Simulation(step, ops, machine.hosts)
+        machine.run()
+    return machine
 
 
 def single_gpu_step_s(model: Model, profile: Profile) -> float:
@@ -104,11 +155,7 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
     costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
     sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
     gpus = schedule.num_ranks * data_parallel
-    busy = {g: 0.0 for g in range(gpus)}
-    tracks = {compute_track(r): r for r in busy}
-    for op in sim.ops:
-        if op.track in tracks:
-            busy[tracks[op.track]] += op.end_s - op.start_s
+    busy = sim.busy_s
     held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
     per_gpu = []
     for g in range(gpus):

@@ -1,0 +1,398 @@
+"""A pipeline step settled by one longest-path pass over its ops, without SimPy's event queue.
+
+Where no two streams share a resource, an op's start and end follow from what it waits for (max-plus), in
+whatever order they are worked out. So each rank's program is walked once, in order: its host's clock runs
+ahead (a host blocks only in the step's final sync), its compute stream pauses where an op waits for one not
+settled yet, and a message is settled, in its channel's order, once both hosts have issued it. The
+arithmetic is the event-driven machine's (parsim.sim.machine), the same additions and maxima on the same
+numbers, so the times are equal to the bit; tests compare the two on every schedule and runtime. Shared
+links (contention) and anything this walk cannot order are left to the machine.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from parsim.profile import Profile
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
+from parsim.sim.dataflow import GRAD, stage_waits
+from parsim.sim.dataparallel import allreduce_spec
+from parsim.sim.lower import _compute_launches, _message_bytes, last_gradient_actions, link_for, runtime_waits
+from parsim.workload import StageCost
+
+Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The step as the walk settled it: its time, each GPU's busy time, each host's end, and each op's end."""
+
+    step_time_s: float
+    busy_s: tuple[float, ...]  # per GPU: time its compute stream runs kernels
+    finished_s: tuple[float, ...]  # per host: when its final sync returned
+    ends: list[dict[str, list[Row]]]  # per replica: op -> stage -> micro-batch -> end (a message's, at both ends)
+
+
+class _OutOfOrder(Exception):
+    """A channel's messages are received in another order than they are sent."""
+
+
+class _Channel:
+    """A directed channel's stream: messages run one at a time, in the sender's order."""
+
+    __slots__ = ("free", "queue", "tag", "sent", "received")
+
+    def __init__(self, tag: int) -> None:
+        self.free = 0.0  # when its last settled message ends
+        self.sent = self.received = 0  # messages issued so far by its sender, by its receiver
+        self.queue: list[list] = []  # issued by both hosts, waiting for a dependency or the message before
+        self.tag = tag  # its waiter tag (negative; walkers' tags are their index)
+
+
+def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool = False,
+                data_parallel: int = 1, buckets: dict[int, int] | None = None) -> Settled | None:
+    """Settle one step as parsim.sim.predict.simulate builds it on the machine; None where it needs the machine
+    (a link that several channels share, or an order this walk cannot follow) or a channel's messages are
+    received out of order. `schedule` must be validated otherwise (check.validate with check_order=False)."""
+    pp = schedule.num_ranks
+    pairs = sorted({(r, schedule.stage_to_rank[s + 1]) for s, r in enumerate(schedule.stage_to_rank[:-1])
+                    if schedule.stage_to_rank[s + 1] != r})
+    channels_of = [(src, dst) for src, dst in pairs] + [(dst, src) for src, dst in pairs]
+    if _shares_a_link(profile, channels_of, pp, data_parallel):
+        return None
+    launches = _compute_launches(costs, profile)
+    rules = stage_waits(schedule)
+    more = runtime_waits(schedule.comm) if schedule.comm is not None else None
+    last_grad = last_gradient_actions(schedule) if buckets else {}
+    work: list[int] = []
+    walkers, channels, tables, hosts = [], [], [], []
+    for replica in range(data_parallel):
+        off = replica * pp
+        end = {op: [[None] * schedule.num_microbatches for _ in range(schedule.num_stages)]
+               for op in (*ALL_OPS, GRAD)}
+        chans = {}
+        for src, dst in channels_of:
+            chans[src, dst] = _Channel(-1 - len(channels))
+            channels.append(chans[src, dst])
+        compute = _compute_table(schedule, launches, rules, end, last_grad, buckets or {})
+        messages = _message_table(schedule, costs, profile, rules, end, chans, off)
+        for rank, acts in enumerate(schedule.actions):
+            host = _Host(off + rank)
+            hosts.append(host)
+            walkers.append(_walk(acts, compute, messages, end, more, profile.host.p2p_s, not copy_streams,
+                                 len(walkers), work, channels, host))
+        tables.append(end)
+    work.extend(range(len(walkers) - 1, -1, -1))
+    finished = 0
+    try:
+        while work:
+            tag = work.pop()
+            if tag < 0:
+                _drain(channels[-1 - tag], work)
+                continue
+            try:
+                next(walkers[tag])
+            except StopIteration:
+                finished += 1
+    except _OutOfOrder:
+        return None
+    if finished < len(walkers) or any(c.queue for c in channels):
+        return None  # some op waits in a way the walk does not follow: the machine settles it (or names the deadlock)
+    _all_reduce(schedule, costs, profile, hosts, data_parallel)
+    for replica in range(data_parallel):
+        for (src, dst), ch in zip(channels_of, channels[replica * len(channels_of):]):
+            for h in (hosts[replica * pp + src], hosts[replica * pp + dst]):
+                h.track_ends.append(ch.free)
+    step_s = profile.host.step_s
+    finished_s = []
+    for h in hosts:
+        if step_s > 0:  # the runtime's bookkeeping: an empty op on the host's own stream, after its launches
+            h.track_ends.append(h.t + step_s)
+            h.t += step_s
+        t = h.t
+        for e in h.track_ends:
+            if e > t:
+                t = e
+        finished_s.append(t)
+    return Settled(max(finished_s, default=0.0), tuple(h.busy for h in hosts), tuple(finished_s), tables)
+
+
+def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:
+    """Whether two channels (streams) cross one shared link: then they take it in time order, which needs the clock."""
+    users: dict[str, int] = defaultdict(int)
+    for off in range(0, pp * data_parallel, pp):
+        for src, dst in channels:
+            name, _, shared = link_for(profile, src + off, dst + off)
+            if shared:
+                users[name] += 1
+    return any(n > 1 for n in users.values())
+
+
+class _Host:
+    """A rank's host thread and compute stream as the walk leaves them."""
+
+    __slots__ = ("gpu", "t", "busy", "track_ends", "chunk_ends")
+
+    def __init__(self, gpu: int) -> None:
+        self.gpu = gpu
+        self.t = 0.0  # the host's clock after its last launch
+        self.busy = 0.0
+        self.track_ends: list[float] = []  # ends of the last op it launched on each stream, for its final sync
+        self.chunk_ends: dict[int, list[float]] = {}  # stage -> ends of its last gradient action's bucket chunks
+
+
+def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
+                   rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
+                   last_grad: dict[int, Action], buckets: dict[int, int]) -> dict[str, list[tuple]]:
+    """op -> per stage: (gpu_s, tail_s, host_s, first_s, its row, the GRAD row it also fills or None, the rows it
+    waits for, the micro-batch whose action is split into gradient-bucket chunks or -1, the chunk count)."""
+    table = {}
+    for op in COMPUTE_OPS:
+        table[op] = []
+        for s in range(schedule.num_stages):
+            split = last_grad.get(s)
+            split_mb = split.microbatch if split is not None and split.op == op else -1
+            grad_row = end[GRAD][s] if op in (Op.BACKWARD, Op.BACKWARD_INPUT) else None
+            table[op].append((*launches[op][s], end[op][s], grad_row, tuple(end[k][t] for k, t in rules[op][s]),
+                              split_mb, buckets.get(s, 1)))
+    return table
+
+
+def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
+                   rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
+                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple | None]]:
+    """send or receive op -> per stage: (the send's row of first issues, the send's row, the receive's row, the
+    channel, the message's seconds, the rows this end waits for, whether it is the send); None where a stage
+    has no such message."""
+    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
+    table: dict[str, list[tuple | None]] = {op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B,
+                                                                             Op.RECV_B)}
+    for send, (recv, step) in PAIRED_RECV.items():
+        for s in range(last + 1):
+            r = s + step
+            if not 0 <= r <= last or owner[s] == owner[r]:
+                continue
+            src, dst = owner[s], owner[r]
+            _, spec, _ = link_for(profile, src + off, dst + off)
+            seconds = spec.time_s(_message_bytes(Action(send, s, 0), costs))
+            common = (first[send][s], end[send][s], end[recv][r], chans[src, dst], seconds)
+            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), True)
+            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), False)
+    return table
+
+
+def _walk(acts: tuple[Action, ...], compute: dict[str, list[tuple]], messages: dict[str, list[tuple | None]],
+          end: dict[str, list[Row]], more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool,
+          me: int, work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
+    """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
+    where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
+    in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
+    t = free = busy = 0.0
+    get_compute = compute.get
+    for a in acts:
+        kind, s, i = a
+        c = get_compute(kind)
+        if c is not None:
+            gpu_s, tail_s, host_s, first_s, row, grad_row, dep_rows, split_mb, n = c[s]
+            ready = free
+            for dep in dep_rows:
+                e = dep[i]
+                while e.__class__ is not float:
+                    if e is None:
+                        dep[i] = [me]
+                    else:
+                        e.append(me)
+                    yield
+                    e = dep[i]
+                if e > ready:
+                    ready = e
+            if more is not None and a in more:
+                for k, ks, ki in more[a]:
+                    dep = end[k][ks]
+                    e = dep[ki]
+                    while e.__class__ is not float:
+                        if e is None:
+                            dep[ki] = [me]
+                        else:
+                            e.append(me)
+                        yield
+                        e = dep[ki]
+                    if e > ready:
+                        ready = e
+            if i == split_mb:  # a stage's last gradient action: one chunk per gradient bucket, as DDP's hooks see it
+                t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, n,
+                                           host.chunk_ends.setdefault(s, []))
+            else:
+                if t + first_s > ready:
+                    ready = t + first_s
+                e = ready + gpu_s
+                last_issue = t + host_s
+                if last_issue + tail_s > e:
+                    e = last_issue + tail_s
+                busy += e - ready
+                free = e
+                t += host_s
+            waiters = row[i]
+            row[i] = e
+            if waiters is not None:
+                work.extend(waiters)
+            if grad_row is not None:
+                waiters = grad_row[i]
+                grad_row[i] = e
+                if waiters is not None:
+                    work.extend(waiters)
+            continue
+        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]
+        avail = t + p2p_s
+        t += p2p_s
+        ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
+        if is_send:  # its place on the channel, at this end: both ends must agree (NCCL matches messages in order)
+            place = channel.sent
+            channel.sent = place + 1
+        else:
+            place = channel.received
+            channel.received = place + 1
+        waits = None
+        for dep in dep_rows:
+            e = dep[i]
+            if e.__class__ is not float:
+                waits = [(dep, i)] if waits is None else waits + [(dep, i)]
+            elif e > ready:
+                ready = e
+        if more is not None and a in more:
+            for k, ks, ki in more[a]:
+                dep = end[k][ks]
+                if ki == i and (dep is send_row or dep is recv_row):
+                    continue  # the message itself
+                e = dep[ki]
+                if e.__class__ is not float:
+                    waits = [(dep, ki)] if waits is None else waits + [(dep, ki)]
+                elif e > ready:
+                    ready = e
+        other = first[i]
+        if other is None:  # the first of its two hosts to issue it
+            first[i] = (avail, ready, waits, place)
+            continue
+        avail0, ready0, waits0, place0 = other
+        if place0 != place:
+            raise _OutOfOrder  # validate names the channel
+        if avail0 > avail:
+            avail = avail0
+        if ready0 > ready:
+            ready = ready0
+        if waits0 is not None:
+            waits = waits0 if waits is None else waits0 + waits
+        if waits is None and not channel.queue:  # nothing to wait for: settled here (the common case)
+            if channel.free > ready:
+                ready = channel.free
+            if avail > ready:
+                ready = avail
+            e = ready + seconds
+            if avail > e:  # last issue plus a tail of 0, as the machine has it
+                e = avail
+            channel.free = e
+            waiters = send_row[i]
+            send_row[i] = e
+            if waiters is not None:
+                work.extend(waiters)
+            waiters = recv_row[i]
+            recv_row[i] = e
+            if waiters is not None:
+                work.extend(waiters)
+            continue
+        channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
+        _drain(channel, work)
+    host.t, host.busy = t, busy
+    host.track_ends.append(free)
+
+
+def _chunks(t: float, busy: float, ready: float, gpu_s: float, tail_s: float, host_s: float, first_s: float,
+            n: int, ends: list[float]) -> tuple[float, float, float, float]:
+    """An action split into n equal chunks, launched one after another; `ready` is the latest of its stream's
+    last end and its dependencies. Returns the host's clock, the stream's end, the busy time, the last chunk's end."""
+    gpu_c, tail_c, host_c = gpu_s / n, tail_s / n, host_s / n
+    first_c = min(first_s, host_c)
+    e = free = ready
+    for k in range(n):
+        ready = free if k else ready
+        if t + first_c > ready:
+            ready = t + first_c
+        e = ready + gpu_c
+        last_issue = t + host_c
+        if last_issue + tail_c > e:
+            e = last_issue + tail_c
+        busy += e - ready
+        free = e
+        ends.append(e)
+        t += host_c
+    return t, free, busy, e
+
+
+def _drain(channel: _Channel, work: list[int]) -> None:
+    """Settle a channel's queued messages in order, stopping at one that waits for an op not settled (its tag left there)."""
+    queue = channel.queue
+    while queue:
+        avail, ready, waits, seconds, send_row, recv_row, i = queue[0]
+        if waits is not None:
+            for k, (row, j) in enumerate(waits):
+                e = row[j]
+                if e.__class__ is not float:
+                    if e is None:
+                        row[j] = [channel.tag]
+                    elif channel.tag not in e:
+                        e.append(channel.tag)
+                    queue[0][1:3] = ready, waits[k:]
+                    return
+                if e > ready:
+                    ready = e
+        if channel.free > ready:
+            ready = channel.free
+        if avail > ready:
+            ready = avail
+        e = ready + seconds
+        if avail > e:
+            e = avail
+        channel.free = e
+        for r in (send_row, recv_row):
+            waiters = r[i]
+            r[i] = e
+            if waiters is not None:
+                work.extend(waiters)
+        queue.pop(0)
+
+
+def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, hosts: list[_Host],
+                data_parallel: int) -> None:
+    """Each stage's bucketed all-reduce, launched by every replica's host after its program (as
+    parsim.sim.dataparallel adds it): one stream per group of GPUs, each bucket after its chunk on every replica."""
+    if data_parallel < 2:
+        return
+    pp, p2p_s = schedule.num_ranks, profile.host.p2p_s
+    free: dict[tuple[int, ...], float] = {}
+    for stage in reversed(range(schedule.num_stages)):
+        group = tuple(r * pp + schedule.stage_to_rank[stage] for r in range(data_parallel))
+        chunk_ends = [hosts[g].chunk_ends[stage] for g in group]
+        n = len(chunk_ends[0])
+        seconds = allreduce_spec(profile, list(group)).allreduce_s(costs[stage].grad_bytes / n, data_parallel)
+        for k in range(n):
+            avail = 0.0
+            for g in group:
+                if hosts[g].t + p2p_s > avail:
+                    avail = hosts[g].t + p2p_s
+                hosts[g].t += p2p_s
+            ready = free.get(group, 0.0)
+            if avail > ready:
+                ready = avail
+            for ends in chunk_ends:
+                if ends[k] > ready:
+                    ready = ends[k]
+            e = ready + seconds
+            if avail > e:
+                e = avail
+            free[group] = e
+    for group, e in free.items():
+        for g in group:
+            hosts[g].track_ends.append(e)
