@@ -58,18 +58,20 @@ def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None
                        help="layers per stage, first stage first (instead of --partition)")
 
 
-def _add_model_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
+def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: str | None = DEFAULT_RUNTIME) -> None:
     add_model_args(p)
     add_partition_args(p, balance)
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
-    add_runtime_arg(p)
+    add_runtime_arg(p, runtime)
 
 
-def add_runtime_arg(p: argparse.ArgumentParser) -> None:
+def add_runtime_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_RUNTIME) -> None:
     """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw`."""
-    p.add_argument("--runtime", type=runtime_name, default=DEFAULT_RUNTIME, metavar="NAME", help=runtime_help())
+    shown = runtime_help() if default else runtime_help().rsplit(" (default", 1)[0] + \
+        " (default: every runtime the profile has costs for)"
+    p.add_argument("--runtime", type=runtime_name, default=default, metavar="NAME", help=shown)
 
 
 def model_from_args(args: argparse.Namespace) -> Model:
@@ -142,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
-    _add_model_args(pl, balance=False)
+    pl.add_argument("--jobs", type=_positive_int, metavar="N", help="processes simulating at once (default: all cores)")
+    _add_model_args(pl, balance=False, runtime=None)
 
     sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
     sc.add_argument("name", choices=sorted(SCENARIOS))
@@ -239,35 +242,57 @@ def _schedule_names(text: str | None, runtime: Runtime = EAGER) -> list[str] | N
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from parsim.plan import plan
+    from parsim.plan import default_jobs, search
 
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
     limit = args.memory_limit * 1e9 if args.memory_limit else None
-    profile, model, runtime = load_profile(args.profile), model_from_args(args), runtime_for(args)
-    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtime), args.partition,
-                         runtime)
+    profile, model = load_profile(args.profile), model_from_args(args)
+    runtimes = [runtime_for(args)] if args.runtime else None
+    names = None
+    if args.schedules:
+        names = _schedule_names(args.schedules, runtimes[0]) if runtimes else _schedule_names_any(args.schedules)
+    found = search(model, args.gpus, profile, limit, names, args.partition, runtimes, args.top,
+                   args.jobs or default_jobs(), progress=True)
+    fits, too_big = found.fits, found.too_big
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    if not fits and not too_big:
+        raise ParsimError("no configuration can run this model on these GPUs")
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
         raise ParsimError(f"no configuration fits in {args.memory_limit} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
-    print(f"{'rank':>4}  {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
+    print(f"{'rank':>4}  {'runtime':<8} {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} "
+          f"{'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
-        print(f"{i:>4}  {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
+        print(f"{i:>4}  {c.runtime:<8} {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
-    if too_big:
-        print(f"({len(too_big)} more configurations exceed the memory limit)")
+    print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
+          f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule refuses, "
+          f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)")
     if args.trace:
         from parsim.outputs.trace import write_trace
 
         best = fits[0]
+        runtime = get_runtime(best.runtime)
         schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
                                  best.virtual_stages if best.schedule in VIRTUAL else None)
         split = replace(model, balance=best.balance)
         write_trace(predict(schedule, split, profile, args.copy_streams, best.data_parallel, runtime)[1], args.trace)
     return 0
+
+
+def _schedule_names_any(text: str) -> list[str]:
+    """--schedules for a search over every runtime: each name must be one that some runtime runs."""
+    from parsim.runtimes import RUNTIMES
+
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    known = sorted({n for r in RUNTIMES.values() for n in r.schedules()})
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(known)}")
+    return names
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:

@@ -1,25 +1,37 @@
 """Search configurations for a model and GPU count; rank them by predicted step time.
 
-Candidates: every schedule, power-of-two micro-batch counts, virtual stages 2 and 4 for the
-schedules that take them, and every data-parallel degree that divides the GPUs.
+Candidates: every runtime the profile can cost, every schedule it runs, power-of-two micro-batch counts,
+virtual stages 2 and 4 for the schedules that take them, and every data-parallel degree that divides the GPUs.
 
-Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer
-state, taken as mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients,
-fp32 master weights and two moments).
+The search simulates only what can win. Each configuration's floor (parsim.sim.bounds: a step time no
+simulation of it can beat, from closed forms) orders the search; once the top K are known, a
+configuration whose floor is above the K-th best's time cannot enter them and is not simulated, so the
+top K are the exhaustive search's. A configuration over the memory limit is screened out before it is
+simulated. Configurations are simulated in parallel, one process per core.
+
+Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer state, taken as
+mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients, fp32 master weights and two moments).
 """
 
 from __future__ import annotations
 
+import heapq
+import os
+import signal
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
 
-from parsim.errors import ParsimError, ScheduleError
-from parsim.sim.predict import Prediction, predict
+from parsim.errors import ParsimError, ProfileError, ScheduleError
 from parsim.profile import Profile
-from parsim.runtimes import Runtime
-from parsim.runtimes.eager import EAGER
+from parsim.runtimes import RUNTIMES, Runtime
 from parsim.schedules import VIRTUAL, Schedule
-from parsim.workload import Model, partitioned, stage_layers
+from parsim.sim.bounds import step_floor_s
+from parsim.sim.dataparallel import gradient_buckets
+from parsim.sim.lower import peak_held_bytes
+from parsim.sim.predict import Prediction, predict
+from parsim.workload import Model, partitioned, stage_costs, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 
@@ -30,9 +42,10 @@ class Candidate:
     microbatches: int
     virtual_stages: int
     data_parallel: int
-    prediction: Prediction
+    prediction: Prediction | None  # None: screened out by memory, not simulated
     memory_bytes: int  # the most any one GPU needs
     balance: tuple[int, ...] | None = None  # layers per stage, where not an equal split
+    runtime: str = "hw"  # what runs it (parsim.runtimes)
 
     @property
     def label(self) -> str:
@@ -40,6 +53,35 @@ class Candidate:
         dp = f", dp={self.data_parallel}" if self.data_parallel > 1 else ""
         split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
         return f"{self.schedule} m={self.microbatches}{v}{dp}{split}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A configuration before it is built: where it sits in the search, and the floor under its step time."""
+
+    index: int  # in enumeration order: ties in step time go to the earlier
+    runtime: str
+    schedule: str
+    num_ranks: int
+    microbatches: int
+    virtual_stages: int
+    data_parallel: int
+    balance: tuple[int, ...] | None
+    floor_s: float
+
+
+@dataclass(frozen=True)
+class Search:
+    """What plan found, and what it took."""
+
+    fits: list[Candidate]  # under the memory limit, fastest first: the top K (all of them where K is None)
+    too_big: list[Candidate]  # over the memory limit, not simulated
+    considered: int
+    pruned: int  # not simulated: their floor is above the K-th best step time
+    cannot_run: int  # the schedule refuses these sizes
+    simulated: int
+    seconds: float
+    jobs: int
 
 
 def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank: tuple[int, ...]) -> list[int]:
@@ -51,57 +93,232 @@ def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank:
     return held
 
 
+def memory_bytes(schedule: Schedule, model: Model, profile: Profile, data_parallel: int = 1) -> int:
+    """The most any one GPU needs for `model` split across `schedule`'s stages: its peak activations plus
+    OPTIMIZER_BYTES_PER_PARAM per parameter it holds. The one memory model: plan screens and reports with it."""
+    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, profile, data_parallel)
+    held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
+    params = params_per_gpu(model, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank)
+    return max(h + OPTIMIZER_BYTES_PER_PARAM * n for h, n in zip(held, params))
+
+
 def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
     """Powers of two from 1 to `most` that split the batch evenly (none for an empty batch)."""
     return [m for m in (1 << k for k in range(most.bit_length())) if m <= most and tokens and tokens % m == 0]
 
 
-def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, data_parallel: bool,
-            runtime: Runtime = EAGER) -> Iterator[tuple[str, Schedule, int, int]]:
-    """(name, schedule, virtual stages, replicas) that can run: sizes the generator accepts, no more
-    stages than layers, and several stages per GPU only where there are several GPUs."""
-    for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if data_parallel else (1,):
-        pp = gpus // dp
-        for name in names:
-            for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
-                for v in ((2, 4) if name in VIRTUAL else (None,)):
-                    try:
-                        schedule = runtime.build(name, pp, m, v)
-                    except ScheduleError:
-                        continue  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-                    if schedule.num_stages <= len(model.layers) and (pp > 1 or schedule.num_stages == 1):
-                        yield name, schedule, v or 1, dp
+def costed_runtimes(profile: Profile) -> list[Runtime]:
+    """Every registered runtime whose costs the profile has (hw's runner always)."""
+    out = []
+    for runtime in RUNTIMES.values():
+        try:
+            runtime.costs(profile)
+        except ProfileError:
+            continue
+        out.append(runtime)
+    return out
+
+
+def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
+           max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal") -> list[Shape]:
+    """Every configuration to consider, with its floor, in enumeration order: runtimes, data-parallel degrees
+    (where the profile can cost an all-reduce), schedules, micro-batch counts, virtual stages; no more stages
+    than layers, and several stages per GPU only where there are several GPUs. Nothing is built."""
+    dp_ok = data_parallel and "allreduce" in profile.collectives
+    out: list[Shape] = []
+    for runtime in runtimes:
+        run_profile = runtime.costs(profile)
+        costs_of: dict[tuple[int, int, int], tuple[tuple[int, ...] | None, list]] = {}
+        names = [n for n in (schedules or runtime.schedules()) if n in runtime.schedules()]
+        for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if dp_ok else (1,):
+            pp = gpus // dp
+            for name in names:
+                for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
+                    for v in ((2, 4) if name in VIRTUAL else (None,)):
+                        owner = runtime.placement(name, pp, v)
+                        stages = len(owner)
+                        if stages > len(model.layers) or (pp == 1 and stages > 1):
+                            continue
+                        key = (stages, m, dp)
+                        if key not in costs_of:
+                            split = partitioned(model, partition, stages, m, run_profile, dp)
+                            costs_of[key] = split.balance, stage_costs(split, stages, m, run_profile, dp)
+                        balance, costs = costs_of[key]
+                        floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
+                                             gradient_buckets(costs) if dp > 1 else None)
+                        out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
+    return out
+
+
+_CONTEXT: tuple[Model, Profile, float | None] | None = None  # a worker's: what every configuration shares
+
+
+def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None) -> None:
+    """A worker process: Ctrl-C is the parent's to handle (it stops the workers)."""
+    global _CONTEXT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _CONTEXT = model, profile, memory_limit_bytes
+
+
+def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: float | None = None
+             ) -> Candidate | None:
+    """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
+    schedule refuses these sizes."""
+    runtime = RUNTIMES[shape.runtime]
+    try:
+        schedule = runtime.build(shape.schedule, shape.num_ranks, shape.microbatches,
+                                 shape.virtual_stages if shape.schedule in VIRTUAL else None)
+    except ScheduleError:
+        return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
+    split = replace(model, balance=shape.balance)
+    memory = memory_bytes(schedule, split, runtime.costs(profile), shape.data_parallel)
+    prediction = None
+    if memory_limit_bytes is None or memory <= memory_limit_bytes:
+        prediction, _ = predict(schedule, split, profile, data_parallel=shape.data_parallel, runtime=runtime)
+    return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
+                     memory, split.balance, shape.runtime)
+
+
+def _evaluate_in_worker(shape: Shape) -> Candidate | None:
+    assert _CONTEXT is not None
+    return evaluate(shape, *_CONTEXT)
+
+
+def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
+           schedules: list[str] | None = None, partition: str = "equal", runtimes: list[Runtime] | None = None,
+           top: int | None = None, jobs: int = 1, progress: bool = False, max_microbatches: int = 256,
+           data_parallel: bool = True) -> Search:
+    """The `top` fastest configurations under the memory limit (all of them where top is None), simulating only
+    those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes."""
+    start = time.perf_counter()
+    runtimes = runtimes or costed_runtimes(profile)
+    todo = shapes(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel, partition)
+    fits: list[tuple[float, int, Candidate]] = []
+    too_big: list[Candidate] = []
+    best: list[float] = []  # the top fastest step times so far, negated (a max-heap)
+    counts = {"pruned": 0, "cannot_run": 0}
+
+    def can_win(shape: Shape) -> bool:
+        return top is None or len(best) < top or shape.floor_s <= -best[0]
+
+    def record(shape: Shape, found: Candidate | None) -> None:
+        if found is None:
+            counts["cannot_run"] += 1
+        elif found.prediction is None:
+            too_big.append(found)
+        else:
+            step = found.prediction.step_time_s
+            fits.append((step, shape.index, found))
+            if top is not None:
+                (heapq.heappush if len(best) < top else heapq.heappushpop)(best, -step)
+
+    with _progress(len(todo), progress) as bar:
+        for shape, found in _run(sorted(todo, key=lambda s: (s.floor_s, s.index)), can_win, model, profile,
+                                 memory_limit_bytes, jobs):
+            if found is _PRUNED:
+                counts["pruned"] += 1
+            else:
+                record(shape, found)
+            bar.update()
+    fits.sort(key=lambda f: f[:2])
+    ranked = [c for _, _, c in fits][:top]
+    return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
+                  time.perf_counter() - start, jobs)
+
+
+_PRUNED = object()  # _run's mark for a configuration it did not simulate
+
+
+def _run(ordered: list[Shape], can_win, model: Model, profile: Profile, memory_limit_bytes: float | None,
+         jobs: int) -> Iterator[tuple[Shape, object]]:
+    """(shape, candidate or None or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
+    turn comes (checked again before a queued one starts), on `jobs` worker processes (1: in this one)."""
+    if jobs <= 1:
+        for k, shape in enumerate(ordered):
+            if not can_win(shape):  # floors only rise from here: nothing after it can win either
+                for rest in ordered[k:]:
+                    yield rest, _PRUNED
+                return
+            yield shape, evaluate(shape, model, profile, memory_limit_bytes)
+        return
+    pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(model, profile, memory_limit_bytes))
+    try:
+        pending: dict[Future, Shape] = {}
+        queue = iter(ordered)
+        stopped = False
+        while pending or not stopped:
+            while not stopped and len(pending) < 2 * jobs:
+                shape = next(queue, None)
+                if shape is None or not can_win(shape):
+                    stopped = True
+                    for rest in ([shape] if shape is not None else []) + list(queue):
+                        yield rest, _PRUNED
+                    break
+                pending[pool.submit(_evaluate_in_worker, shape)] = shape
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield pending.pop(future), future.result()
+            for future in [f for f, s in pending.items() if not can_win(s)]:
+                if future.cancel():  # queued, not started: the best found since rules it out
+                    yield pending.pop(future), _PRUNED
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what is queued and end the worker processes now, rather than after their current configuration."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+def _progress(total: int, show: bool):
+    """A progress bar on stderr for a search that takes more than a second, where stderr is a terminal."""
+    if not show:
+        from contextlib import nullcontext
+
+        return nullcontext(_NoBar())
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="config", desc="plan", delay=1.0, leave=False, disable=None)
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
                max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
-               runtime: Runtime = EAGER) -> list[Candidate]:
-    """Every configuration that can run, predicted; those that cannot are skipped, not errors.
+               runtime: Runtime | None = None) -> list[Candidate]:
+    """Every configuration that can run, predicted (the exhaustive search), fastest first; those that cannot are
+    skipped, not errors.
 
     Data-parallel degrees are tried only where the profile can cost an all-reduce; each configuration's
     layers are split as `partition` says ("equal", or "time": balanced at its micro-batch size).
     """
-    dp_ok = data_parallel and "allreduce" in profile.collectives
-    out = []
-    run_profile = runtime.costs(profile)
-    for name, schedule, v, dp in _shapes(model, gpus, schedules or list(runtime.schedules()), max_microbatches, dp_ok,
-                                         runtime):
-        split = partitioned(model, partition, schedule.num_stages, schedule.num_microbatches, run_profile, dp)
-        prediction, _ = predict(schedule, split, profile, data_parallel=dp, runtime=runtime)
-        params = params_per_gpu(split, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
-        memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
-                     for g, n in zip(prediction.per_gpu, params))
-        out.append(Candidate(name, schedule.num_microbatches, v, dp, prediction, memory, split.balance))
-    return out
+    return search(model, gpus, profile, None, schedules, partition, [runtime] if runtime else None,
+                  max_microbatches=max_microbatches, data_parallel=data_parallel).fits
 
 
 def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
          schedules: list[str] | None = None, partition: str = "equal",
-         runtime: Runtime = EAGER) -> tuple[list[Candidate], list[Candidate]]:
-    """(fitting, too big): configurations under the memory limit, fastest first, and the rest."""
-    found = sorted(candidates(model, gpus, profile, schedules, partition=partition, runtime=runtime),
-                   key=lambda c: c.prediction.step_time_s)
-    if not found:
+         runtime: Runtime | None = None) -> tuple[list[Candidate], list[Candidate]]:
+    """(fitting, too big): every configuration under the memory limit, fastest first, and the rest."""
+    found = search(model, gpus, profile, memory_limit_bytes, schedules, partition, [runtime] if runtime else None)
+    if not found.fits and not found.too_big:
         raise ParsimError("no configuration can run this model on these GPUs")
-    fits = [c for c in found if memory_limit_bytes is None or c.memory_bytes <= memory_limit_bytes]
-    return fits, [c for c in found if c not in fits]
+    return found.fits, found.too_big

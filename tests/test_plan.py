@@ -8,7 +8,17 @@ import sys
 import pytest
 from conftest import make_profile
 
-from parsim.plan import OPTIMIZER_BYTES_PER_PARAM, candidates, params_per_gpu, plan
+import dataclasses
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parsim.errors import ScheduleError
+from parsim.plan import (OPTIMIZER_BYTES_PER_PARAM, candidates, costed_runtimes, evaluate, params_per_gpu, plan,
+                         search, shapes)
+from parsim.profile import CollectiveSpec, LinkSpec, RuntimeCosts
+from parsim.runtimes import RUNTIMES
+from parsim.runtimes.torch_pipelining import TORCH
 from parsim.sim.predict import predict
 from parsim.schedules import VIRTUAL, build
 from parsim.workload import mlp_model
@@ -55,10 +65,6 @@ def test_plan_cli_says_when_nothing_fits():
 
 
 def test_plan_tries_data_parallel_degrees_when_the_profile_costs_an_allreduce():
-    import dataclasses
-
-    from parsim.profile import CollectiveSpec
-
     profile = dataclasses.replace(make_profile(), collectives={"allreduce": CollectiveSpec(1e-5, 1e11)})
     degrees = {c.data_parallel for c in candidates(MODEL, 4, profile)}
     assert degrees == {1, 2, 4}
@@ -72,3 +78,112 @@ def test_plan_searches_the_v_shaped_and_breadth_first_schedules_where_their_size
     assert "dualpipev m=4" not in labels  # DualPipeV needs m >= 2p
     assert not any(c.label.startswith("looped-bfs") and c.virtual_stages == 4 for c in found)  # 16 stages > 8 layers
     assert {c.prediction.gpus for c in found} == {4}
+
+
+
+# --- the pruned, parallel search ---------------------------------------------------------------------------------
+
+@st.composite
+def spaces(draw):
+    """A small random search space: model, GPUs, a profile with costs everywhere (sometimes an all-reduce,
+    sometimes torch's runtime costs; small nodes, so that links are shared), and how many rows to keep."""
+    model = mlp_model(draw(st.integers(2, 8)), draw(st.sampled_from([64, 256])), draw(st.sampled_from([64, 96, 256])))
+    network = LinkSpec(draw(st.sampled_from([0.0, 2e-5])), draw(st.sampled_from([1e8, 5e9])))
+    profile = make_profile(latency_s=draw(st.sampled_from([0.0, 5e-6])), bandwidth_Bps=draw(st.sampled_from([1e9, 1e11])),
+                           action_s=draw(st.sampled_from([0.0, 3e-6, 4e-5])), p2p_s=draw(st.sampled_from([0.0, 5e-6])),
+                           layer_host_s=draw(st.sampled_from([0.0, 2e-6])), gpus_per_node=draw(st.sampled_from([2, 4, 8])),
+                           network=network)
+    if draw(st.booleans()):
+        bus = draw(st.sampled_from([1e9, 1e11]))
+        profile = dataclasses.replace(profile, collectives={"allreduce": CollectiveSpec(1e-5, bus)})
+    if draw(st.booleans()):
+        torch = RuntimeCosts(draw(st.sampled_from([0.0, 2e-5])), draw(st.sampled_from([0.0, 8e-6])),
+                             layer_host=draw(st.sampled_from([0.0, 1.0])), step_s=draw(st.sampled_from([0.0, 3e-5])))
+        profile = dataclasses.replace(profile, runtimes={"torch": torch})
+    return model, draw(st.sampled_from([1, 2, 3, 4, 4, 6, 8, 8])), profile, draw(st.integers(1, 5))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(space=spaces(), limit_at=st.sampled_from([None, 0.3, 0.7]))
+def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(space, limit_at):
+    """Every configuration simulated: no floor above its own step time; and the pruned search's top K (with a
+    memory limit at a quantile of what they need, or none) are the exhaustive search's, in order, to the bit."""
+    model, gpus, profile, top = space
+    todo = shapes(model, gpus, profile, costed_runtimes(profile), max_microbatches=16)
+    everything = [(s, evaluate(s, model, profile)) for s in todo]
+    ran = [(s, c) for s, c in everything if c is not None]
+    for shape, c in ran:
+        assert shape.floor_s <= c.prediction.step_time_s, (c.runtime, c.label)
+    memory = sorted(c.memory_bytes for _, c in ran)
+    limit = memory[int(limit_at * len(memory))] if limit_at is not None and memory else None
+    exhaustive = sorted(((c.prediction.step_time_s, s.index, c) for s, c in ran
+                         if limit is None or c.memory_bytes <= limit), key=lambda x: x[:2])[:top]
+    found = search(model, gpus, profile, limit, top=top, max_microbatches=16)
+    assert [(c.runtime, c.label, c.prediction.step_time_s) for c in found.fits] == \
+        [(c.runtime, c.label, step) for step, _, c in exhaustive]
+    assert found.considered == len(todo) == found.pruned + len(found.too_big) + found.cannot_run + found.simulated
+
+
+def test_search_on_several_processes_finds_what_one_finds():
+    profile = dataclasses.replace(make_profile(latency_s=1e-5, bandwidth_Bps=1e10, action_s=1e-6),
+                                  collectives={"allreduce": CollectiveSpec(1e-5, 1e10)})
+    one = search(MODEL, 4, profile, top=4, jobs=1)
+    two = search(MODEL, 4, profile, top=4, jobs=2)
+    assert [c.label for c in two.fits] == [c.label for c in one.fits]
+    assert [c.prediction for c in two.fits] == [c.prediction for c in one.fits]
+    assert two.jobs == 2 and two.considered == one.considered
+
+
+def test_plan_searches_every_runtime_the_profile_costs_unless_told_one():
+    plain = make_profile(latency_s=1e-5, bandwidth_Bps=1e10, action_s=1e-6)
+    costed = dataclasses.replace(plain, runtimes={"torch": RuntimeCosts(2e-6, 0.0)})
+    assert [r.name for r in costed_runtimes(plain)] == ["hw"]
+    assert [r.name for r in costed_runtimes(costed)] == ["hw", "torch"]
+    both = {c.runtime for c in search(MODEL, 4, costed, max_microbatches=16).fits}
+    assert both == {"hw", "torch"}
+    assert {c.runtime for c in search(MODEL, 4, costed, runtimes=[TORCH], max_microbatches=16).fits} == {"torch"}
+
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_each_runtime_places_stages_and_splits_backwards_as_it_says_without_building(runtime):
+    rt = RUNTIMES[runtime]
+    for name in rt.schedules():
+        for p, m in ((2, 4), (3, 6), (4, 8)):
+            for v in ((2, 3) if name in VIRTUAL else (None,)):
+                try:
+                    built = rt.build(name, p, m, v)
+                except ScheduleError:
+                    continue
+                assert rt.placement(name, p, v) == built.stage_to_rank, (name, p, v)
+                has_w = any(a.op == "W" for acts in built.actions for a in acts)
+                assert rt.splits_backward(name) == has_w, name
+
+
+def test_plan_cli_says_what_it_considered_pruned_and_simulated():
+    result = subprocess.run([sys.executable, "-m", "parsim", "plan", "--gpus", "4", "--layers", "8", "--top", "2",
+                             "--jobs", "1"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    numbers = [int(w) for w in last.replace(",", "").split() if w.isdigit()]
+    considered, pruned, too_big, refused, simulated = numbers[:5]
+    assert last.startswith("considered") and "on 1 process" in last
+    assert considered == pruned + too_big + refused + simulated and pruned > 0 and simulated >= 2
+
+
+def test_ctrl_c_stops_plan_and_its_workers_with_one_line():
+    """SIGINT to the process group, as a terminal sends it: exit 130, `interrupted`, no traceback, no process left."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "parsim", "plan", "--gpus", "64", "--layers", "128",
+                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(2.5)  # imports done, the workers started and simulating
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted"]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing left in its process group: the workers are gone too

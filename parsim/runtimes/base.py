@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from parsim.errors import ProfileError
 from parsim.profile import LayerCosts, OpCost, Profile, RuntimeCosts
-from parsim.schedules import Schedule
+from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
 
 
 class Runtime(ABC):
@@ -29,6 +29,14 @@ class Runtime(ABC):
     @abstractmethod
     def schedules(self) -> tuple[str, ...]:
         """The schedule names this runtime runs."""
+
+    def placement(self, schedule: str, num_ranks: int, virtual_stages: int | None = None) -> tuple[int, ...]:
+        """Where build puts each stage (its stage_to_rank), without building: as the generators place them."""
+        return placement(schedule, num_ranks, virtual_stages)
+
+    def splits_backward(self, schedule: str) -> bool:
+        """Whether build runs some backwards as I and W: a rank may then end on a W, which nothing waits for."""
+        return schedule.lower() in SPLITS_BACKWARD
 
     def costs(self, profile: Profile) -> Profile:
         """`profile` as this runtime pays it: its host costs in place of hw's runner's."""

@@ -31,6 +31,18 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 }
 VIRTUAL = {"interleaved-1f1b", "interleaved-zb", "looped-bfs"}  # schedules that take virtual_stages
 V_SHAPED = {"zbv", "dualpipev"}  # two stages per GPU, placed by v_stage_to_rank
+SPLITS_BACKWARD = {"interleaved-zb", "zb-h1", "zbv", "dualpipev"}  # run backwards as I and W (all or some)
+
+
+def placement(name: str, num_ranks: int, virtual_stages: int | None = None) -> tuple[int, ...]:
+    """Where each stage of the registered schedule `name` lives (its stage_to_rank), without building it:
+    stage s on rank s mod p for the schedules that take virtual stages, a V for V_SHAPED, else one each."""
+    key = name.lower()
+    if key in VIRTUAL:
+        return tuple(s % num_ranks for s in range(num_ranks * (virtual_stages or 2)))
+    if key in V_SHAPED:
+        return v_stage_to_rank(num_ranks)
+    return tuple(range(num_ranks))
 
 
 
