@@ -224,10 +224,9 @@ def _with_fsdp_turns(slots: list[Slot], m: int) -> list[Slot]:
     """
     out: list[Slot] = []
     active: set[int] = set()
-    for i, slot in enumerate(slots):
-        upcoming = _next_stages(slots[i:], FSDP_ACTIVE_STAGES)
-        out += [None] * (len(active - set(upcoming)) + len(set(upcoming) - active))  # reshards, unshards
-        active = set(upcoming)
+    for slot, upcoming in zip(slots, _next_stages(slots, FSDP_ACTIVE_STAGES)):
+        out += [None] * (len(active - upcoming) + len(upcoming - active))  # reshards, unshards
+        active = upcoming
         out.append(slot)
     out += [None] * len(active)
     backwards: dict[int, int] = {}
@@ -242,20 +241,24 @@ def _with_fsdp_turns(slots: list[Slot], m: int) -> list[Slot]:
     return with_reduce
 
 
-def _next_stages(slots: list[Slot], count: int) -> list[int]:
-    """The next `count` distinct stages the slots compute on (an overlapped pair adds both before counting)."""
-    found: list[int] = []
-    for slot in slots:
-        if slot is None:
+def _next_stages(slots: list[Slot], count: int) -> list[set[int]]:
+    """At each slot, the next `count` distinct stages the slots from there on compute on (an overlapped pair
+    adds both before counting: all of them where fewer remain).
+
+    One backward pass: the stages that come first from slot i are those whose next slot is among the
+    `count` earliest (a pair's two stages share theirs), so no slot is scanned twice.
+    """
+    next_at: dict[int, int] = {}  # stage -> the first slot from here on that computes on it
+    out: list[set[int]] = []
+    for i in range(len(slots) - 1, -1, -1):
+        for a in slots[i] or ():
+            next_at[a.stage] = i
+        if len(next_at) <= count:
+            out.append(set(next_at))
             continue
-        for a in slot:
-            if a.stage not in found:
-                found.append(a.stage)
-                if len(slot) == 1 and len(found) == count:
-                    return found
-        if len(slot) > 1 and len(found) >= count:
-            return found
-    return found
+        last = sorted(next_at.values())[count - 1]
+        out.append({stage for stage, at in next_at.items() if at <= last})
+    return out[::-1]
 
 
 def _add_send_recv(slots: list[list[Slot]], owner: tuple[int, ...]) -> list[list[Action]]:
