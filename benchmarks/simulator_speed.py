@@ -1,65 +1,88 @@
-"""How fast is the simulator itself? Prints simulated ops per second and wall time per case.
+"""How fast is the simulator itself? Times per case as ratios to the reference loop (benchmarks/reference.py).
 
-Run: python benchmarks/simulator_speed.py [--repeat N]
-Cases are 1F1B on the default MLP model with one layer per stage, and the CLI's largest example
-(`python -m parsim predict --schedule 1f1b --gpus 64 --microbatches 1024 --layers 64`) end to end.
+Run: python benchmarks/simulator_speed.py [--repeat N] [--base COMMIT]
+Cases are 1F1B on the default MLP model with one layer per stage: the schedule built and predicted in one
+process (as `predict` runs them, the cycle collector paused), and the CLI's largest example
+(`python -m parsim predict --schedule 1f1b --gpus 64 --microbatches 1024 --layers 64`) end to end, interpreter
+start-up included. With --base, the same cases of another commit (checked out into a temporary worktree),
+in turns with this checkout's.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from reference import interleaved, load, machine, report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # time this checkout's parsim, not whichever one is installed
-
-from parsim.sim.predict import predict  # noqa: E402
-from parsim.profile import load_profile  # noqa: E402
-from parsim.schedules import build  # noqa: E402
-from parsim.workload import mlp_model  # noqa: E402
-
 CASES = [(8, 64), (64, 1024)]  # (stages, micro-batches)
 
+# Times build + predict in a fresh process of the given tree; prints seconds and the number of actions.
+IN_PROCESS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from parsim.sim.machine import gc_paused
+from parsim.sim.predict import predict
+from parsim.profile import load_profile
+from parsim.schedules import build
+from parsim.workload import mlp_model
+stages, mbs = int(sys.argv[2]), int(sys.argv[3])
+profile, model = load_profile(), mlp_model(layers=stages, tokens=1024 * mbs)
+start = time.perf_counter()
+with gc_paused():
+    schedule = build("1f1b", stages, mbs)
+    predict(schedule, model, profile)
+print(time.perf_counter() - start, sum(len(a) for a in schedule.actions))
+"""
 
-def time_case(stages: int, microbatches: int, repeat: int) -> tuple[float, int]:
-    """Median wall time of build + validate + simulate + metrics, and the number of actions."""
-    profile = load_profile()
-    model = mlp_model(layers=stages, tokens=1024 * microbatches)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        schedule = build("1f1b", stages, microbatches)
-        predict(schedule, model, profile)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), sum(len(a) for a in schedule.actions)
+
+def in_process(tree: Path, stages: int, mbs: int) -> float:
+    out = subprocess.run([sys.executable, "-c", IN_PROCESS, str(tree), str(stages), str(mbs)], cwd=tree,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0])
 
 
-def time_cli(repeat: int) -> float:
-    argv = [sys.executable, "-m", "parsim", "predict", "--schedule", "1f1b", "--gpus", "64",
-            "--microbatches", "1024", "--layers", "64"]
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def cli(tree: Path) -> float:
+    argv = [sys.executable, "-m", "parsim", "predict", "--schedule", "1f1b", "--gpus", "64", "--microbatches", "1024",
+            "--layers", "64"]
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, cwd=tree, env=os.environ | {"PYTHONPATH": str(tree)})
+    return time.perf_counter() - start
+
+
+def cases(tree: Path, tag: str) -> dict:
+    out = {f"{tag}1f1b {s} x {m}: build + predict": (lambda s=s, m=m: in_process(tree, s, m)) for s, m in CASES}
+    out[f"{tag}CLI predict 1f1b 64 x 1024 (with start-up)"] = lambda: cli(tree)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--base", help="also time this commit's simulator, in turns with this checkout's")
     args = parser.parse_args()
-    print(f"python {platform.python_version()} on {platform.machine()}, median of {args.repeat}")
-    print(f"{'case':<22} {'actions':>9} {'wall':>9} {'actions/s':>11}")
-    for stages, mbs in CASES:
-        wall, actions = time_case(stages, mbs, args.repeat)
-        print(f"1f1b {stages:>3} x {mbs:<5} mb  {actions:>9,} {wall:>8.3f}s {actions / wall:>11,.0f}")
-    print(f"CLI, 64 x 1024 (with interpreter start-up): {time_cli(args.repeat):.3f} s")
+    print(machine())
+    print(f"{load()} before; median of {args.repeat}, cases in turns")
+    with tempfile.TemporaryDirectory() as tmp:
+        todo = cases(ROOT, "")
+        if args.base:
+            base = Path(tmp) / "base"
+            subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
+                           capture_output=True)
+            todo |= cases(base, f"{args.base[:7]}: ")
+        try:
+            times = interleaved(todo, args.repeat)
+        finally:
+            if args.base:
+                subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+    print("\n".join(report(times)))
+    print(f"{load()} after")
 
 
 if __name__ == "__main__":

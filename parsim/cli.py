@@ -15,7 +15,7 @@ from parsim.sim.machine import gc_paused
 from parsim.sim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
-from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime, runtime_help, runtime_name
+from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
@@ -230,14 +230,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule_names(text: str | None, runtime: Runtime = EAGER) -> list[str] | None:
+def _schedule_names(text: str | None, runtime: Runtime | None = EAGER) -> list[str] | None:
+    """--schedules: names the runtime runs (with no runtime, that some runtime runs)."""
     if text is None:
         return None
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in runtime.schedules()]
+    known = runtime.schedules() if runtime else sorted({n for r in RUNTIMES.values() for n in r.schedules()})
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'} for the {runtime.name} runtime; "
-                          f"choose from: {', '.join(runtime.schedules())}")
+        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}"
+                          f"{f' for the {runtime.name} runtime' if runtime else ''}; choose from: {', '.join(known)}")
     return names
 
 
@@ -249,11 +251,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     limit = args.memory_limit * 1e9 if args.memory_limit else None
     profile, model = load_profile(args.profile), model_from_args(args)
     runtimes = [runtime_for(args)] if args.runtime else None
-    names = None
-    if args.schedules:
-        names = _schedule_names(args.schedules, runtimes[0]) if runtimes else _schedule_names_any(args.schedules)
-    found = search(model, args.gpus, profile, limit, names, args.partition, runtimes, args.top,
-                   args.jobs or default_jobs(), progress=True)
+    found = search(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtimes[0] if runtimes else None),
+                   args.partition, runtimes, args.top, args.jobs or default_jobs(), progress=True)
     fits, too_big = found.fits, found.too_big
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     if not fits and not too_big:
@@ -279,20 +278,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
                                  best.virtual_stages if best.schedule in VIRTUAL else None)
         split = replace(model, balance=best.balance)
-        write_trace(predict(schedule, split, profile, args.copy_streams, best.data_parallel, runtime)[1], args.trace)
+        copy_streams = args.copy_streams and runtime is EAGER
+        write_trace(predict(schedule, split, profile, copy_streams, best.data_parallel, runtime)[1], args.trace)
     return 0
-
-
-def _schedule_names_any(text: str) -> list[str]:
-    """--schedules for a search over every runtime: each name must be one that some runtime runs."""
-    from parsim.runtimes import RUNTIMES
-
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    known = sorted({n for r in RUNTIMES.values() for n in r.schedules()})
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise ParsimError(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; choose from: {', '.join(known)}")
-    return names
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:

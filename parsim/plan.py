@@ -15,6 +15,7 @@ mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients, fp32 m
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 import signal
@@ -212,13 +213,16 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
             if top is not None:
                 (heapq.heappush if len(best) < top else heapq.heappushpop)(best, -step)
 
+    ordered = sorted(todo, key=lambda s: (s.floor_s, s.index))
+    floors = [s.floor_s for s in ordered]
     with _progress(len(todo), progress) as bar:
-        for shape, found in _run(sorted(todo, key=lambda s: (s.floor_s, s.index)), can_win, model, profile,
-                                 memory_limit_bytes, jobs):
+        for shape, found in _run(ordered, can_win, model, profile, memory_limit_bytes, jobs):
             if found is _PRUNED:
                 counts["pruned"] += 1
-            else:
-                record(shape, found)
+                continue
+            record(shape, found)
+            if top is not None and len(best) == top:  # the bar counts to what may still win, not to everything
+                bar.total = bisect.bisect_right(floors, -best[0])
             bar.update()
     fits.sort(key=lambda f: f[:2])
     ranked = [c for _, _, c in fits][:top]
@@ -281,6 +285,8 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 class _NoBar:
+    total = 0
+
     def update(self, n: int = 1) -> None:
         pass
 
@@ -293,6 +299,7 @@ def _progress(total: int, show: bool):
         return nullcontext(_NoBar())
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread: the worker processes are forked while the bar is up
     return tqdm(total=total, unit="config", desc="plan", delay=1.0, leave=False, disable=None)
 
 
