@@ -1,4 +1,4 @@
-"""`python -m hw {measure,calibrate,scenario,validate}`: each subcommand lives in its own module."""
+"""`python -m hw {measure,calibrate,scenario,validate}`: run parsim's schedules with PyTorch, measure, calibrate."""
 
 from __future__ import annotations
 
