@@ -364,4 +364,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's parsim and hw, whatever else is installed
     sys.exit(main())
