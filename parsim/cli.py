@@ -108,11 +108,24 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+QUESTIONS = {  # each command's --help opens with what it answers
+    "predict": "How long does one training step take, and where do the GPUs idle?",
+    "sweep": "How do step time and bubble change over schedules and micro-batch counts?",
+    "plan": "What should I run? Every configuration that fits, ranked by step time.",
+    "scenario": "What does the model predict for a textbook experiment (hw scenario)?",
+    "compare": "How far are the predictions from measured steps or a profiled timeline?",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="python -m parsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
 
-    p = sub.add_parser("predict", help="predict one training step")
+    p = _command(sub, "predict")
     p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
                    help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
     p.add_argument("--gpus", type=_positive_int, default=4, help="GPUs in all (default 4)")
@@ -126,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write the timeline as a Chrome/Perfetto trace (JSON)")
     p.add_argument("--plot", metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
 
-    s = sub.add_parser("sweep", help="predict over schedules and micro-batch counts; print a table")
+    s = _command(sub, "sweep")
     s.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
     s.add_argument("--gpus", type=_positive_int, default=4)
     s.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D")
@@ -136,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(s)
     s.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
-    pl = sub.add_parser("plan", help="rank schedules and micro-batch counts by predicted step time")
+    pl = _command(sub, "plan")
     pl.add_argument("--gpus", type=_positive_int, default=4)
     pl.add_argument("--memory-limit", type=float, metavar="GB", help="GPU memory per device, in GB (10^9 bytes)")
     pl.add_argument("--schedules", help="comma-separated (default: all)")
@@ -144,13 +157,13 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
     _add_model_args(pl, balance=False)
 
-    sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
+    sc = _command(sub, "scenario")
     sc.add_argument("name", choices=sorted(SCENARIOS))
     sc.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped one)")
     add_runtime_arg(sc)
     sc.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
+    c = _command(sub, "compare")
     c.add_argument("--measured", metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
     c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
