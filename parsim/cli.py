@@ -17,8 +17,8 @@ from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
-                             model_from_spec, partitioned)
+from parsim.workload import (PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model, model_from_spec,
+                             named_model, partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -44,7 +44,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
                                                        "64-512 channels on 56x56 to 7x7 maps")
     g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
-    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of the flags above")
+    g.add_argument("--model", metavar="FILE|NAME", help="a model JSON file, a Hugging Face config.json or a preset "
+                                                        f"({', '.join(PRESETS)}) instead of the flags above")
+    g.add_argument("--seq-len", type=_positive_int, metavar="N", help="tokens per sequence, with a transformer --model")
+    g.add_argument("--global-batch", type=_positive_int, metavar="B",
+                   help="sequences per step, all micro-batches and replicas, with a transformer --model")
 
 
 def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
@@ -71,7 +75,9 @@ def model_from_args(args: argparse.Namespace) -> Model:
         given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
         if given:
             raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
-        return load_model(args.model)
+        return named_model(args.model, args.seq_len, args.global_batch)
+    if args.seq_len is not None or args.global_batch is not None:
+        raise ParsimError("--seq-len and --global-batch go with a transformer --model (a config or a preset)")
     if args.conv:
         if mlp_flags:
             raise ParsimError(f"--conv takes --images, not {', '.join(mlp_flags)}")

@@ -1,10 +1,10 @@
 """Layer kinds: what one layer holds and costs per sample (parameters, FLOPs per op, activations kept and sent).
 
-Every layer kind answers the same questions: `params`, `in_shape`/`out_shape` of one sample,
-`out_bytes_per_token` (what it hands the next layer), `stash_bytes_per_token` (what autograd keeps for its
-backward) and `parts` (its costed parts: the profile keys that price each, and the work each does per sample
-in forward, input-grad and weight-grad). "Per token" means per sample: a token of an MLP stack, an image of
-a conv net.
+Every layer kind (the MLP and conv blocks here, the transformer's in parsim.workload.transformer) answers the
+same questions: `params`, `in_shape`/`out_shape` of one sample, `out_bytes_per_token` (what it hands the next
+layer), `stash_bytes_per_token` (what autograd keeps for its backward) and `parts` (its costed parts: the
+profile keys that price each, and the work each does per sample in forward, input-grad and weight-grad).
+"Per token" means per sample: a token of an MLP stack, an image of a conv net, a sequence of a transformer.
 """
 
 from __future__ import annotations

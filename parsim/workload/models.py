@@ -1,5 +1,5 @@
 """Models: a sequence of layers and the batch it trains on; named by a one-word spec, read from a file, or built
-(an MLP stack, a conv net)."""
+(an MLP stack, a conv net, a transformer)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from pathlib import Path
 
 from parsim.errors import ModelError
 from parsim.workload.layers import Layer
+from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, describe, transformer_layers
 
 
 @dataclass(frozen=True)
 class Model:
     """A sequential model, the batch it is trained on, and optionally how its layers split into stages."""
 
-    layers: tuple[Layer, ...]
-    tokens: int  # samples per training step (tokens, or images for a conv net), all micro-batches
+    layers: tuple
+    tokens: int  # samples per training step (tokens, images for a conv net, sequences for a transformer)
     balance: tuple[int, ...] | None = None  # layers per stage (torchgpipe's term); None: equal counts
 
     def __post_init__(self) -> None:
@@ -29,18 +30,27 @@ class Model:
 
     @property
     def sample(self) -> str:
-        """What one sample is: "token" or "image"."""
+        """What one sample is: "token", "image" or "sequence"."""
         return self.layers[0].sample
 
     @property
+    def transformer(self) -> TransformerShape | None:
+        """The shape of a transformer's blocks, or None for another model."""
+        return next((layer.shape for layer in self.layers if isinstance(layer, Decoder)), None)
+
+    @property
     def name(self) -> str:
+        split = f", balance {'/'.join(map(str, self.balance))}" if self.balance else ""
+        shape = self.transformer
+        if shape is not None:
+            blocks = sum(isinstance(layer, Decoder) for layer in self.layers)
+            return f"{describe(shape, blocks)}, {self.tokens} sequences{split}"
         kinds = sorted({layer.kind for layer in self.layers})
         h = sorted({layer.hidden for layer in self.layers})
         sides = sorted({layer.side for layer in self.layers}, reverse=True)
-        shape = f"h={'/'.join(map(str, h))}" if self.sample == "token" else \
+        shape_text = f"h={'/'.join(map(str, h))}" if self.sample == "token" else \
             f"C={'/'.join(map(str, h))}, S={'/'.join(map(str, sides))}"
-        split = f", balance {'/'.join(map(str, self.balance))}" if self.balance else ""
-        return f"{len(self.layers)} x {'+'.join(kinds)}({shape}), {self.tokens} {self.sample}s{split}"
+        return f"{len(self.layers)} x {'+'.join(kinds)}({shape_text}), {self.tokens} {self.sample}s{split}"
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -58,7 +68,9 @@ def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int | N
 
 
 MODEL_SPECS = ("LAYERSxHIDDENxTOKENS (an MLP stack, e.g. 16x2048x8192), conv:IMAGES (the conv net, e.g. conv:256) "
-               "or conv:IMAGES:WIDTHS:BLOCKS:SIDE (a custom conv net, e.g. conv:8:4-8:1-2:8)")
+               "or conv:IMAGES:WIDTHS:BLOCKS:SIDE (a custom conv net, e.g. conv:8:4-8:1-2:8); for a transformer, "
+               "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB (e.g. llama:16:2048:8:2048:16:8:8192:32000), "
+               "gpt:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:FFN:VOCAB:POSITIONS or PRESET:BATCH:SEQ (e.g. llama-3-8b:64:4096)")
 CONV_DEFAULTS = ((64, 128, 256, 512), (3, 4, 6, 3), 56)  # the conv net's widths, blocks and side (ResNet-34's)
 
 
@@ -68,7 +80,8 @@ def model_from_spec(text: str) -> Model:
     `LxHxT`: L MLP blocks of hidden size H, T tokens per step (mlp_model). `conv:N`: the conv net
     (conv_model) on N images per step. `conv:N:W1-W2:B1-B2:S`: a conv net of groups of B1, B2, ...
     blocks of W1, W2, ... channels on an S x S input map (conv_model(N, widths, blocks, S)), e.g.
-    conv:8:4-8:1-2:8 for a tiny one. ModelError naming these forms if the text is none of them.
+    conv:8:4-8:1-2:8 for a tiny one. `llama:...`, `gpt:...` and `PRESET:BATCH:SEQ`: a transformer
+    (see MODEL_SPECS). ModelError naming these forms if the text is none of them.
     """
     try:
         return _from_spec(text.strip().lower())
@@ -80,7 +93,15 @@ def model_from_spec(text: str) -> Model:
 
 def _from_spec(text: str) -> Model:
     """model_from_spec without its error wording: ValueError for a malformed spec."""
-    if not text.startswith("conv:"):
+    head, _, rest = text.partition(":")
+    if head in VARIANTS:
+        return _transformer_from_spec(head, _whole_numbers(rest, ":"))
+    if head != "conv" and rest:
+        from parsim.workload.configs import preset_model
+
+        batch, seq = _whole_numbers(rest, ":", 2)
+        return preset_model(head, seq, batch)
+    if head != "conv":
         layers, hidden, tokens = _whole_numbers(text, "x", 3)
         return mlp_model(layers, hidden, tokens)
     parts = text.split(":")[1:]
@@ -90,6 +111,21 @@ def _from_spec(text: str) -> Model:
         raise ValueError(text)
     widths, blocks = _whole_numbers(parts[1], "-"), _whole_numbers(parts[2], "-")
     return conv_model(int(parts[0]), widths, blocks, int(parts[3]))
+
+
+def _transformer_from_spec(variant: str, n: tuple[int, ...]) -> Model:
+    if variant == "llama" and len(n) == 8:
+        batch, seq, blocks, hidden, heads, kv, ffn, vocab = n
+        positions = 0
+    elif variant == "gpt" and len(n) == 8:
+        batch, seq, blocks, hidden, heads, ffn, vocab, positions = n
+        kv = heads
+    else:
+        raise ValueError(variant)
+    if heads < 1 or hidden % heads:
+        raise ModelError(f"hidden size {hidden} does not split into {heads} heads")
+    shape = TransformerShape(variant, hidden, ffn, heads, kv, hidden // heads, vocab, seq, positions)
+    return transformer_model(shape, blocks, batch)
 
 
 def _whole_numbers(text: str, sep: str, count: int | None = None) -> tuple[int, ...]:
@@ -102,8 +138,13 @@ def _whole_numbers(text: str, sep: str, count: int | None = None) -> tuple[int, 
 
 def model_spec(model: Model) -> str:
     """The spec model_from_spec turns back into `model`: what a results CSV's `model` column holds."""
-    first = model.layers[0]
-    if first.kind == "mlp":
+    first, t = model.layers[0], model.transformer
+    if t is not None:
+        blocks = sum(isinstance(layer, Decoder) for layer in model.layers)
+        sizes = ((t.hidden, t.heads, t.kv_heads, t.ffn, t.vocab) if t.variant == "llama"
+                 else (t.hidden, t.heads, t.ffn, t.vocab, t.positions))
+        spec = ":".join(map(str, (t.variant, model.tokens, t.seq, blocks, *sizes)))
+    elif first.kind == "mlp":
         spec = f"{len(model.layers)}x{first.hidden}x{model.tokens}"
     else:
         starts = [i for i, layer in enumerate(model.layers) if i == 0 or layer.kind == "down"]
@@ -164,14 +205,34 @@ def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], bl
     return Model(tuple(layers), images)
 
 
-MODEL_FILE = ('{"tokens": N, "layers": [{"kind": "mlp", "hidden": H, "count": C}]} or, for a conv net, '
-              '{"images": N, "layers": [{"kind": "conv" or "down", "hidden": CHANNELS, "side": S, "count": C}]}')
+def transformer_model(shape: TransformerShape, blocks: int, sequences: int) -> Model:
+    """A transformer of `blocks` decoder blocks, trained on `sequences` sequences of shape.seq tokens a step."""
+    if sequences < 1:
+        raise ModelError(f"--global-batch must be at least 1 sequence, got {sequences}")
+    return Model(transformer_layers(shape, blocks), sequences)
 
 
-def load_model(path: str | Path) -> Model:
-    """A model file (see MODEL_FILE); "images" is another name for "tokens"."""
+MODEL_FILE = ('{"tokens": N, "layers": [{"kind": "mlp", "hidden": H, "count": C}]}, for a conv net '
+              '{"images": N, "layers": [{"kind": "conv" or "down", "hidden": CHANNELS, "side": S, "count": C}]}, '
+              'or a Hugging Face config.json (with --seq-len and --global-batch)')
+
+
+def load_model(path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
+    """A model file (see MODEL_FILE); "images" is another name for "tokens". A Hugging Face config (it has
+    "model_type" or "architectures") is a transformer, which needs seq_len and sequences per step."""
     try:
         doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ModelError(f"model file {path} is not valid JSON ({e})") from None
+    if isinstance(doc, dict) and "layers" not in doc and ("model_type" in doc or "architectures" in doc):
+        from parsim.workload.configs import config_model
+
+        return config_model(doc, f"config {path}", seq_len, sequences)
+    if seq_len is not None or sequences is not None:
+        raise ModelError(f"--seq-len and --global-batch go with a transformer config; {path} is a parsim model file")
+    try:
         layers = []
         for spec in doc["layers"]:
             layer = Layer(str(spec.get("kind", "mlp")), int(spec["hidden"]), int(spec.get("dtype_bytes", 2)),
@@ -181,8 +242,6 @@ def load_model(path: str | Path) -> Model:
         if not layers or tokens < 1:
             raise ValueError("it needs at least one layer and tokens (or images) >= 1")
         return Model(tuple(layers), tokens)
-    except OSError as e:
-        raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
     except ModelError as e:
         raise ModelError(f"model file {path}: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
