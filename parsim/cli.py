@@ -17,8 +17,8 @@ from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.scenarios import SCENARIOS
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import (PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model, model_from_spec,
-                             named_model, partitioned)
+from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
+                             model_from_spec, named_model, partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -53,6 +53,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
     """How layers split into stages: equal counts, balanced by the profile's time per layer, or given."""
+    if not balance:  # plan: it may try both splits
+        p.add_argument("--partition", choices=(*PARTITIONS, "both"), default="both",
+                       help="stages of equal layer counts, of balanced time per the profile, or each (default both)")
+        return
     p.add_argument("--partition", choices=PARTITIONS, default="equal",
                    help="stages of equal layer counts, or of balanced time per the profile (default equal)")
     if balance:
@@ -136,7 +140,11 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="rank schedules and micro-batch counts by predicted step time")
     pl.add_argument("--gpus", type=_positive_int, default=4)
-    pl.add_argument("--memory-limit", type=float, metavar="GB", help="GPU memory per device, in GB (10^9 bytes)")
+    pl.add_argument("--memory-limit", type=float, metavar="GB",
+                    help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
+    pl.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                    help="state held per parameter: mixed-precision Adam, or none (weights and gradients, as "
+                         "`hw measure` runs; default adam)")
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
@@ -229,18 +237,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
-    limit = args.memory_limit * 1e9 if args.memory_limit else None
     profile, model = load_profile(args.profile), model_from_args(args)
-    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules), args.partition)
+    limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
+    fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules), args.partition,
+                         args.optimizer)
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    print(f"memory per GPU: {OPTIMIZERS[args.optimizer]}, plus peak activations and working memory; limit "
+          + (f"{limit / 1e9:.1f} GB" + ("" if args.memory_limit else " (the profile's GPU)") if limit else
+             "none (the profile does not record its GPU's memory: pass --memory-limit GB)"))
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
-        raise ParsimError(f"no configuration fits in {args.memory_limit} GB per GPU; the smallest, "
+        raise ParsimError(f"no configuration fits in {limit / 1e9:g} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
-    print(f"{'rank':>4}  {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
+    width = max([34] + [len(c.label) for c in fits[: args.top]])
+    print(f"{'rank':>4}  {'configuration':<{width}} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
-        print(f"{i:>4}  {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
+        print(f"{i:>4}  {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     if too_big:
         print(f"({len(too_big)} more configurations exceed the memory limit)")

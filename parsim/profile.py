@@ -105,6 +105,7 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict)
     kernels: dict[str, KernelCost] = field(default_factory=dict)  # optional: for the scenarios
     collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
+    gpu_memory_bytes: int | None = None  # optional: one GPU's memory (torch's total_memory), plan's default limit
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -191,8 +192,10 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
             where = f"{origin}.collectives.{kind}"
             collectives[kind] = CollectiveSpec(_number(spec, "latency_s", where, positive=False),
                                                _number(spec, "busbw_Bps", where), bool(spec.get("measured", True)))
+    memory = doc.get("gpu_memory_bytes")
+    memory = None if memory is None else int(_number(doc, "gpu_memory_bytes", origin))
     return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives)
+                   meta if isinstance(meta, dict) else {}, kernels, collectives, memory)
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

@@ -116,6 +116,12 @@ class Layer:
         """Activations kept for the backward (see KINDS)."""
         return self.formulas.stash * self.hidden * self.side**2 * self.dtype_bytes
 
+    # memory beyond the stash (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
+    forward_workspace_bytes_per_token = 0
+    backward_workspace_bytes_per_token = 0
+    captured_bytes_per_token = 0
+    weight_grad_held_bytes_per_token = 0
+
     @property
     def cost_key(self) -> str:
         """The profile key of costs fitted at this layer's shape: "mlp@2048", "conv@64x56"."""
