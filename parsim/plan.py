@@ -86,8 +86,10 @@ def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] |
     out = []
     for name, schedule, v, dp in _shapes(model, gpus, schedules or sorted(SCHEDULES), max_microbatches, dp_ok):
         m = schedule.num_microbatches
-        splits = {split.balance: split for how in SPLITS[partition]
-                  for split in (partitioned(model, how, schedule.num_stages, m, profile, dp),)}
+        splits = {}  # by layers per stage: a time split may be the equal one
+        for how in SPLITS[partition]:
+            split = partitioned(model, how, schedule.num_stages, m, profile, dp)
+            splits.setdefault(tuple(map(len, stage_layers(split, schedule.num_stages))), split)
         for split in splits.values():
             prediction, _ = predict(schedule, split, profile, data_parallel=dp)
             memory = max(rank_peak_bytes(split, schedule, microbatch_tokens(split, m, dp), optimizer))

@@ -12,7 +12,7 @@ from conftest import transformer_profile
 from parsim.plan import candidates, plan
 from parsim.profile import load_profile, save_profile
 from parsim.schedules import build
-from parsim.workload import Decoder, Embedding, Head, TransformerShape, rank_peak_bytes, stage_layers, transformer_model
+from parsim.workload import Head, TransformerShape, rank_peak_bytes, stage_layers, transformer_model
 
 SHAPE = TransformerShape("llama", hidden=64, ffn=160, heads=8, kv_heads=2, head_dim=8, vocab=1000, seq=32)
 MODEL = transformer_model(SHAPE, 6, 16)  # embedding, 6 blocks, head
@@ -113,3 +113,9 @@ def test_plan_takes_its_default_limit_from_the_profile_and_prints_its_assumption
 def test_plan_says_when_a_transformer_fits_nowhere(tmp_path):
     r = _plan_cli("--profile", _profile_file(tmp_path), "--memory-limit", "1")
     assert r.returncode == 2 and r.stderr.startswith("error: no configuration fits in 1 GB per GPU; the smallest")
+
+
+def test_plan_keeps_one_candidate_where_the_time_split_is_the_equal_one():
+    uniform = transformer_model(replace(SHAPE, vocab=8), 6, 16)  # a light head: the equal split is the best
+    found = candidates(uniform, 2, transformer_profile(), ["1f1b"], max_microbatches=1, partition="both")
+    assert [c.balance for c in found] == [None]

@@ -158,7 +158,8 @@ def test_bad_configs_are_one_clear_error_naming_the_file(tmp_path, fields, messa
     (["--model", "no-such-model"], "no model file 'no-such-model' and no preset of that name"),
 ])
 def test_bad_transformer_flags_give_one_line_and_exit_2(argv, message):
-    r = subprocess.run([sys.executable, "-m", "parsim", "predict", "--gpus", "2", *argv], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "parsim", "predict", "--gpus", "2", *argv],
+                       capture_output=True, text=True)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
 

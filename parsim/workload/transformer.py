@@ -103,7 +103,8 @@ class Decoder:
     def matmul_macs_per_token(self) -> int:
         """q, k, v and output projections, then the MLP: SwiGLU's gate, up and down (3 H I) or GELU's two (2 H I)."""
         t = self.shape
-        return t.hidden * (t.q_width + 2 * t.kv_width) + t.q_width * t.hidden + (3 if self._llama else 2) * t.hidden * t.ffn
+        mlp = (3 if self._llama else 2) * t.hidden * t.ffn
+        return t.hidden * (t.q_width + 2 * t.kv_width) + t.q_width * t.hidden + mlp
 
     @property
     def params(self) -> int:
