@@ -1,7 +1,8 @@
 """`python -m hw calibrate`: measure this machine and write a parsim profile, with the raw samples.
 
 What it measures, each alone and with the GPU's own clock where the GPU is what is timed:
-  1. per layer (MlpBlock; with --conv also ConvBlock and DownBlock at each shape of the conv net): forward,
+  1. per layer (MlpBlock; with --conv also ConvBlock and DownBlock at each shape of the conv net; with
+     --transformer attention, decoder blocks, embeddings and heads: hw/calibrate_transformer.py): forward,
      input-grad and full-backward GPU time over micro-batch sizes (weight-grad = full - input-grad), fitted
      to fixed_s + flops / flops_per_s per kind and per shape;
   2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
@@ -131,22 +132,23 @@ def host_stage(kind: str, layers: int, tokens: int) -> Model:
 
 
 def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
-                 rounds: int = 5) -> list[dict]:
+                 rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True) -> list[dict]:
     """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
 
     Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
     it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
     The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
     (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
-    Also the host time of an input-grad alone per layer, to split the backward's share.
+    Also the host time of an input-grad alone per layer, to split the backward's share (unless not
+    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages.
     """
     from hw.executor import local_runner
     from hw.measure import HostSpans
     from parsim.schedules import Op, gpipe
 
+    stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]
     probes = []
-    for k in HOST_DEPTHS[kind]:
-        model = host_stage(kind, k, 8 * microbatches)
+    for k, model in stages:
         runner, io = local_runner(model, gpipe(1, microbatches), device, dtype)
         for step in range(3):
             runner.step(io)
@@ -158,15 +160,17 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     sync(device)
     rows = []
     for k, model, runner, io, spans in probes:
+        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
+                     "backward_s": statistics.median(spans.of(Op.BACKWARD))})
+        if not grad_calls:
+            continue
         x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
         y = runner.stages[0](x)
         g = torch.randn_like(y)
-        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
-                     "backward_s": statistics.median(spans.of(Op.BACKWARD)),
-                     "input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
+        rows[-1] |= {"input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
                                                    device, repeat=10),
                      "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
-                                                  device, repeat=10)})
+                                                  device, repeat=10)}
     return rows
 
 
@@ -208,6 +212,7 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
 
 IN_STEP_MODELS = {"mlp": lambda: mlp_model(16, 2048, 8192), "conv": lambda: conv_model()}  # one per family
 FAMILY = {"mlp": "mlp", "conv": "conv", "down": "conv"}  # layer kind -> the model its slowdown is timed on
+FAMILY |= {kind: "transformer" for kind in ("llama", "gpt", "attention", "embed", "head")}  # timed on --transformer's
 
 
 def _family(cost_key: str) -> str:
@@ -216,13 +221,14 @@ def _family(cost_key: str) -> str:
 
 
 def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch.device, dtype: torch.dtype,
-                      ) -> dict[str, dict]:
+                      models: dict[str, Model] | None = None) -> dict[str, dict]:
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
 
     The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the
     layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200 MLP blocks ran 12% slower in
     situ than their fits, conv blocks about 3% (data/validation/h200-2026-11-23-gpu-spans.json).
-    Every layer cost of the family is stretched by its factor; 1 on the CPU.
+    Every layer cost of the family is stretched by its factor; 1 on the CPU. models: a family's model, where
+    not IN_STEP_MODELS' (the transformer's comes from --transformer).
     """
     from parsim.workload import stage_costs
 
@@ -231,7 +237,7 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
         if device.type != "cuda":
             out[family] = {"factor": 1.0}
             continue
-        model = IN_STEP_MODELS[family]()
+        model = (models or {}).get(family) or IN_STEP_MODELS[family]()
         fitted = stage_costs(model, 1, 1, dataclasses.replace(base, layers=costs))[0]
         in_step = in_step_gpu_s(model, device, dtype)
         out[family] = {"model": model.name, "fitted_s": fitted.forward.gpu_s + fitted.backward.gpu_s,
@@ -386,6 +392,9 @@ def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, Coll
 
 # --- the command --------------------------------------------------------------------------------
 
+TRANSFORMERS = "llama-3.2-1b:2:2048,llama-3-8b:1:4096"  # --transformer's default models (the first: in-step)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -396,6 +405,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                             "processes talking over gloo, for tests)")
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
                                                        "its shapes at 4-256 images, and their host cost (~20 s more)")
+    p.add_argument("--transformer", nargs="?", const=TRANSFORMERS, metavar="MODELS",
+                   help="also cost transformer layers: causal flash attention over sequence lengths and head counts, "
+                        "and the decoder blocks, embeddings and heads of these models (specs or presets at a batch "
+                        f"and length, comma-separated; default {TRANSFORMERS}), and their host cost")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
 
 
@@ -407,13 +420,20 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(f"cannot write {out}: folder {out.parent} does not exist")
     if not args.cpu and not torch.cuda.is_available():
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
+    if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower
+        torch.set_num_threads(1)
     try:
         hidden = [int(h) for h in args.hidden.split(",") if h]
         assert hidden and min(hidden) > 0
     except (ValueError, AssertionError):
         raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
     base = load_profile(args.base)
-    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv)
+    transformers = None
+    if args.transformer:
+        from hw.calibrate_transformer import parse_models
+
+        transformers = parse_models(args.transformer)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -423,7 +443,9 @@ def main(args: argparse.Namespace) -> int:
             "in_step_slowdown": samples["in_step_slowdown"],
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
-    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
+    memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
+    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]),
+                                  gpu_memory_bytes=memory)
     samples_path = out.with_name(out.stem + ".samples.json")
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
     save_profile(profile, out)
@@ -443,7 +465,7 @@ CONV_KINDS = ("conv", "down")
 
 
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
-              ) -> tuple[Profile, dict, dict[str, Fit]]:
+              transformers: list[Model] | None = None) -> tuple[Profile, dict, dict[str, Fit]]:
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
@@ -451,6 +473,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     shapes = conv_layers(cpu) if conv else []
     images = [2, 8, 32] if cpu else [4, 16, 64, 256]  # 256 images in 1-64 micro-batches: 4-256 per micro-batch
     steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 3 + (len(CONV_KINDS) if conv else 0)
+    if transformers:
+        from hw import calibrate_transformer
+
+        steps += calibrate_transformer.steps(transformers, cpu)
     with tqdm(total=steps, desc="calibrating", file=sys.stderr) as progress:
         layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
@@ -464,7 +490,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
             progress.update()
         layers, layer_fits = fitted_costs(layer_rows, hosts)
-        load = in_step_slowdowns(layers, base, device, dtype)
+        if transformers:
+            more, more_fits, transformer_samples = calibrate_transformer.calibrate_transformer(
+                transformers, device, dtype, cpu, progress)
+            layers, layer_fits = layers | more, layer_fits | more_fits
+        load = in_step_slowdowns(layers, base, device, dtype,
+                                 {"transformer": calibrate_transformer.in_step_model(transformers)} if transformers
+                                 else None)
         layers = stretched(layers, load)
         fits |= layer_fits
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
@@ -479,6 +511,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
                "op_costs": op_costs}
     if conv:
         samples["host_by_kind"] = host_rows
+    if transformers:
+        samples["transformer"] = transformer_samples
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     if count >= 2:

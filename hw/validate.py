@@ -22,7 +22,7 @@ from parsim.files import write_atomic
 from parsim.sim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import SCHEDULES, build, schedule_name
-from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec
+from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -52,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", default="1,2,4,8,16,32")
     p.add_argument("--models", default="16x2048x8192,8x256x1024",
                    help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
-                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8 (default: a compute-bound and "
-                        "a dispatch-bound MLP stack)")
+                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a transformer: "
+                        "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or PRESET:BATCH:SEQ (default: a "
+                        "compute-bound and a dispatch-bound MLP stack)")
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of calibrating first")
     p.add_argument("--out", default="validation", metavar="DIR", help="folder for the CSV, profile and plots")
     p.add_argument("--steps", type=int, default=10)
@@ -62,13 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
 
 
-def _profile(args: argparse.Namespace, out: Path, conv: bool = False):
-    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net)."""
+def _profile(args: argparse.Namespace, out: Path, conv: bool = False, transformers: list[str] = ()):
+    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net, and the
+    transformer layers' of the transformers' specs)."""
     if args.profile:
         return load_profile(args.profile), args.profile
     path = out / "profile.json"
     cmd = ([sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"] + (["--cpu"] if args.cpu else [])
-           + (["--conv"] if conv else []))
+           + (["--conv"] if conv else []) + (["--transformer", ",".join(transformers)] if transformers else []))
     done = subprocess.run(cmd, text=True, stdout=sys.stderr)
     if done.returncode:
         raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
@@ -95,6 +97,8 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
     s, model = job.schedule, job.model
     predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel)
     c = measured["config"]
+    measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
+    samples = microbatch_tokens(model, s.num_microbatches, job.data_parallel)
     return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
             "layers": len(model.layers), "hidden": model.layers[0].hidden, "tokens": model.tokens,  # for old readers
             "measured_s": measured["step_time_s"],
@@ -102,13 +106,17 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
             "measured_single_gpu_s": measured["single_device_step_s"],
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
+            # the most any GPU holds: weights, gradients made in the step, activations and working memory
+            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none")),
+            "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams", "dtype",
-                                                             "device", "torch", "date", "profile"])
+                                                             "device", "torch", "date", "profile",
+                                                             "predicted_peak_bytes", "measured_peak_bytes"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -129,7 +137,9 @@ def main(args: argparse.Namespace) -> int:
         require_gpus(max(gpus))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile, profile_path = _profile(args, out, any(m.layers[0].kind != "mlp" for m in models))
+    transformers = [model_spec(m) for m in models if m.transformer is not None]
+    profile, profile_path = _profile(args, out, any(m.layers[0].kind in ("conv", "down") for m in models),
+                                     transformers)
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
@@ -148,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         rows += [_row(job, report(job, result, baseline, device), profile, profile_path)
                  for job, result in zip(jobs, measured)]
         _write_csv(csv_path, rows)
-    table, plots = compare(csv_path, out)
+    table, plots = compare(csv_path, out, host_profile=profile)
     print(table)
     print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
     write_atomic(out / "summary.json", json.dumps({"points": len(rows), "profile": profile_path}, indent=2) + "\n")

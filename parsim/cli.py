@@ -19,8 +19,8 @@ from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime, runtime_help,
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
-                             model_from_spec, partitioned)
+from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
+                             model_from_spec, named_model, partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -46,11 +46,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
                                                        "64-512 channels on 56x56 to 7x7 maps")
     g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
-    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of the flags above")
+    g.add_argument("--model", metavar="FILE|NAME", help="a model JSON file, a Hugging Face config.json or a preset "
+                                                        f"({', '.join(PRESETS)}) instead of the flags above")
+    g.add_argument("--seq-len", type=_positive_int, metavar="N", help="tokens per sequence, with a transformer --model")
+    g.add_argument("--global-batch", type=_positive_int, metavar="B",
+                   help="sequences per step, all micro-batches and replicas, with a transformer --model")
 
 
 def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
     """How layers split into stages: equal counts, balanced by the profile's time per layer, or given."""
+    if not balance:  # plan: it may try both splits
+        p.add_argument("--partition", choices=(*PARTITIONS, "both"), default="both",
+                       help="stages of equal layer counts, of balanced time per the profile, or each (default both)")
+        return
     p.add_argument("--partition", choices=PARTITIONS, default="equal",
                    help="stages of equal layer counts, or of balanced time per the profile (default equal)")
     if balance:
@@ -79,7 +87,9 @@ def model_from_args(args: argparse.Namespace) -> Model:
         given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
         if given:
             raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
-        return load_model(args.model)
+        return named_model(args.model, args.seq_len, args.global_batch)
+    if args.seq_len is not None or args.global_batch is not None:
+        raise ParsimError("--seq-len and --global-batch go with a transformer --model (a config or a preset)")
     if args.conv:
         if mlp_flags:
             raise ParsimError(f"--conv takes --images, not {', '.join(mlp_flags)}")
@@ -151,7 +161,11 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = _command(sub, "plan")
     pl.add_argument("--gpus", type=_positive_int, default=4)
-    pl.add_argument("--memory-limit", type=float, metavar="GB", help="GPU memory per device, in GB (10^9 bytes)")
+    pl.add_argument("--memory-limit", type=float, metavar="GB",
+                    help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
+    pl.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                    help="state held per parameter: mixed-precision Adam, or none (weights and gradients, as "
+                         "`hw measure` runs; default adam)")
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
@@ -256,19 +270,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
-    limit = args.memory_limit * 1e9 if args.memory_limit else None
     profile, model, runtime = load_profile(args.profile), model_from_args(args), runtime_for(args)
+    limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
     fits, too_big = plan(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtime), args.partition,
-                         runtime)
+                         args.optimizer, runtime)
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    print(f"memory per GPU: {OPTIMIZERS[args.optimizer]}, plus peak activations and working memory; limit "
+          + (f"{limit / 1e9:.1f} GB" + ("" if args.memory_limit else " (the profile's GPU)") if limit else
+             "none (the profile does not record its GPU's memory: pass --memory-limit GB)"))
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
-        raise ParsimError(f"no configuration fits in {args.memory_limit} GB per GPU; the smallest, "
+        raise ParsimError(f"no configuration fits in {limit / 1e9:g} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
-    print(f"{'rank':>4}  {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
+    width = max([34] + [len(c.label) for c in fits[: args.top]])
+    print(f"{'rank':>4}  {'configuration':<{width}} {'step time':>11} {'speedup':>8} {'bubble':>7} {'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
-        print(f"{i:>4}  {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
+        print(f"{i:>4}  {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     if too_big:
         print(f"({len(too_big)} more configurations exceed the memory limit)")

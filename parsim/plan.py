@@ -1,11 +1,12 @@
 """Search configurations for a model and GPU count; rank them by predicted step time.
 
 Candidates: every schedule, power-of-two micro-batch counts, virtual stages 2 and 4 for the
-schedules that take them, and every data-parallel degree that divides the GPUs.
+schedules that take them, every data-parallel degree that divides the GPUs, and each split asked
+for (equal layer counts, balanced by time, or both).
 
-Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer
-state, taken as mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients,
-fp32 master weights and two moments).
+Memory per GPU is its weights, gradients and optimizer state (mixed-precision Adam by default:
+16 bytes per parameter, bf16 weights and gradients, fp32 master weights and two moments) plus the
+most activations and working memory its program holds at once (parsim.workload.memory).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from parsim.profile import Profile
 from parsim.runtimes import Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.schedules import VIRTUAL, Schedule
-from parsim.workload import Model, partitioned, stage_layers
+from parsim.workload import Model, microbatch_tokens, partitioned, rank_peak_bytes, stage_layers
 
-OPTIMIZER_BYTES_PER_PARAM = 16
+OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
+SPLITS = {"equal": ("equal",), "time": ("time",), "both": ("equal", "time")}
 
 
 @dataclass(frozen=True)
@@ -75,31 +77,36 @@ def _shapes(model: Model, gpus: int, names: list[str], max_microbatches: int, da
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
                max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
-               runtime: Runtime = EAGER) -> list[Candidate]:
+               optimizer: str = "adam", runtime: Runtime = EAGER) -> list[Candidate]:
     """Every configuration that can run, predicted; those that cannot are skipped, not errors.
 
     Data-parallel degrees are tried only where the profile can cost an all-reduce; each configuration's
-    layers are split as `partition` says ("equal", or "time": balanced at its micro-batch size).
+    layers are split as `partition` says ("equal", "time": balanced at its micro-batch size, or "both",
+    each once where they differ). Memory per GPU holds the optimizer's state (see parsim.workload.memory).
     """
     dp_ok = data_parallel and "allreduce" in profile.collectives
     out = []
     run_profile = runtime.costs(profile)
     for name, schedule, v, dp in _shapes(model, gpus, schedules or list(runtime.schedules()), max_microbatches, dp_ok,
                                          runtime):
-        split = partitioned(model, partition, schedule.num_stages, schedule.num_microbatches, run_profile, dp)
-        prediction, _ = predict(schedule, split, profile, data_parallel=dp, runtime=runtime)
-        params = params_per_gpu(split, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank) * dp
-        memory = max(g.peak_activation_bytes + OPTIMIZER_BYTES_PER_PARAM * n
-                     for g, n in zip(prediction.per_gpu, params))
-        out.append(Candidate(name, schedule.num_microbatches, v, dp, prediction, memory, split.balance))
+        m = schedule.num_microbatches
+        splits = {}  # by layers per stage: a time split may be the equal one
+        for how in SPLITS[partition]:
+            split = partitioned(model, how, schedule.num_stages, m, run_profile, dp)
+            splits.setdefault(tuple(map(len, stage_layers(split, schedule.num_stages))), split)
+        for split in splits.values():
+            prediction, _ = predict(schedule, split, profile, data_parallel=dp, runtime=runtime)
+            memory = max(rank_peak_bytes(split, schedule, microbatch_tokens(split, m, dp), optimizer))
+            out.append(Candidate(name, m, v, dp, prediction, memory, split.balance))
     return out
 
 
 def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
-         schedules: list[str] | None = None, partition: str = "equal",
+         schedules: list[str] | None = None, partition: str = "equal", optimizer: str = "adam",
          runtime: Runtime = EAGER) -> tuple[list[Candidate], list[Candidate]]:
     """(fitting, too big): configurations under the memory limit, fastest first, and the rest."""
-    found = sorted(candidates(model, gpus, profile, schedules, partition=partition, runtime=runtime),
+    found = sorted(candidates(model, gpus, profile, schedules, partition=partition, optimizer=optimizer,
+                              runtime=runtime),
                    key=lambda c: c.prediction.step_time_s)
     if not found:
         raise ParsimError("no configuration can run this model on these GPUs")

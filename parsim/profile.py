@@ -125,6 +125,7 @@ class Profile:
     kernels: dict[str, KernelCost] = field(default_factory=dict)  # optional: for the scenarios
     collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
     runtimes: dict[str, RuntimeCosts] = field(default_factory=dict)  # optional: runtimes other than hw's runner
+    gpu_memory_bytes: int | None = None  # optional: one GPU's memory (torch's total_memory), plan's default limit
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -218,8 +219,10 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     if "runtimes" in doc:
         for name, spec in _section(doc, "runtimes", origin).items():
             runtimes[name] = _runtime_costs(spec, f"{origin}.runtimes.{name}")
+    memory = doc.get("gpu_memory_bytes")
+    memory = None if memory is None else int(_number(doc, "gpu_memory_bytes", origin))
     return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes)
+                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes, memory)
 
 
 def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:

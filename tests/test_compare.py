@@ -161,3 +161,24 @@ def test_a_bad_model_spec_names_the_line(tmp_path):
     rows[1]["model"] = "conv:eight"
     with pytest.raises(ParsimError, match="line 3: bad model spec 'conv:eight'"):
         read_points(_write(tmp_path / "r.csv", rows))
+
+
+def test_peak_memory_is_compared_where_a_row_has_both_predicted_and_measured(tmp_path):
+    from parsim.compare import error_table
+
+    rows = list(csv.DictReader(FIXTURE.open()))
+    peaks = [(110, 100), (90, 100), (103, 100), ("", ""), (200, "")]  # GiB: +10%, -10%, +3%, none, not measured
+    for row, (predicted, measured) in zip(rows, peaks):
+        row["predicted_peak_bytes"] = predicted and predicted * 2**30
+        row["measured_peak_bytes"] = measured and measured * 2**30
+    path = tmp_path / "r.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    points = read_points(path)
+    assert [p.memory_error for p in points[:5]] == [pytest.approx(0.1), pytest.approx(-0.1), pytest.approx(0.03),
+                                                    None, None]
+    table = error_table(points)
+    assert "peak memory: 3 points: median |error| 10.0%, worst 10.0%" in table
+    assert "peak memory" not in error_table(read_points(FIXTURE))  # a CSV without the columns: no such section
