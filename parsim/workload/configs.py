@@ -7,8 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 from parsim.errors import ModelError
-from parsim.workload.models import Model, load_model, transformer_model
-from parsim.workload.transformer import TransformerShape
+from parsim.workload.models import Model, is_config, parsim_model, read_model_file, transformer_model
+from parsim.workload.models import model_from_spec as _spec_model
+from parsim.workload.transformer import VARIANTS, TransformerShape
 
 PRESETS = ("llama-3-8b", "llama-3.2-1b", "gpt-2")  # parsim/workload/presets/NAME.json
 LLAMA_ACTS = ("silu",)
@@ -93,3 +94,24 @@ def named_model(text: str, seq_len: int | None = None, sequences: int | None = N
             raise ModelError(f"no model file {text!r} and no preset of that name; presets: {', '.join(PRESETS)}")
         return load_model(text, seq_len, sequences)
     return preset_model(text, seq_len, sequences)
+
+
+def load_model(path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
+    """A model file: parsim's (see MODEL_FILE), or a Hugging Face config, which is a transformer and so
+    needs seq_len and sequences per step."""
+    doc = read_model_file(path)
+    if is_config(doc):
+        return config_model(doc, f"config {path}", seq_len, sequences)
+    return parsim_model(doc, path, seq_len, sequences)
+
+
+def model_from_spec(text: str) -> Model:
+    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length: PRESET:BATCH:SEQ."""
+    head, _, rest = text.strip().lower().partition(":")
+    if head in VARIANTS or head == "conv" or not rest:
+        return _spec_model(text)
+    try:
+        batch, seq = (int(v) for v in rest.split(":"))
+    except ValueError:
+        raise ModelError(f"bad model spec {text!r}; a preset takes PRESET:BATCH:SEQ, e.g. {head}:8:4096") from None
+    return preset_model(head, seq, batch)

@@ -96,11 +96,6 @@ def _from_spec(text: str) -> Model:
     head, _, rest = text.partition(":")
     if head in VARIANTS:
         return _transformer_from_spec(head, _whole_numbers(rest, ":"))
-    if head != "conv" and rest:
-        from parsim.workload.configs import preset_model
-
-        batch, seq = _whole_numbers(rest, ":", 2)
-        return preset_model(head, seq, batch)
     if head != "conv":
         layers, hidden, tokens = _whole_numbers(text, "x", 3)
         return mlp_model(layers, hidden, tokens)
@@ -217,19 +212,23 @@ MODEL_FILE = ('{"tokens": N, "layers": [{"kind": "mlp", "hidden": H, "count": C}
               'or a Hugging Face config.json (with --seq-len and --global-batch)')
 
 
-def load_model(path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
-    """A model file (see MODEL_FILE); "images" is another name for "tokens". A Hugging Face config (it has
-    "model_type" or "architectures") is a transformer, which needs seq_len and sequences per step."""
+def read_model_file(path: str | Path) -> object:
+    """A model file's parsed JSON, or one clear error."""
     try:
-        doc = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as e:
         raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
     except ValueError as e:
         raise ModelError(f"model file {path} is not valid JSON ({e})") from None
-    if isinstance(doc, dict) and "layers" not in doc and ("model_type" in doc or "architectures" in doc):
-        from parsim.workload.configs import config_model
 
-        return config_model(doc, f"config {path}", seq_len, sequences)
+
+def is_config(doc: object) -> bool:
+    """Whether a model file is a Hugging Face config (it has "model_type" or "architectures") rather than parsim's."""
+    return isinstance(doc, dict) and "layers" not in doc and ("model_type" in doc or "architectures" in doc)
+
+
+def parsim_model(doc: object, path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
+    """A parsim model file's model (see MODEL_FILE); "images" is another name for "tokens"."""
     if seq_len is not None or sequences is not None:
         raise ModelError(f"--seq-len and --global-batch go with a transformer config; {path} is a parsim model file")
     try:
