@@ -252,7 +252,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_scenario(args: argparse.Namespace) -> int:
     result = SCENARIOS[args.name](load_profile(args.profile))
     if args.json:
-        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures}, indent=2))
+        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures,
+                          "assumptions": list(result.assumptions)}, indent=2))
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
@@ -260,6 +261,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                  else fmt_time(value))
         mark = "   <- headline" if key == result.headline else ""
         print(f"  {key:<34} {shown:>12}{mark}")
+    for line in result.assumptions:
+        print(f"assumes: {line}")
     return 0
 
 
