@@ -25,6 +25,7 @@ from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, 
 LAUNCH_THREADS = tuple(range(1, 9))  # the GIL experiment: N Python threads launching on one GPU
 DP_GPUS = tuple(range(1, 9))
 HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
+HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
 TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
 
 
@@ -121,13 +122,18 @@ DP_ASSUMPTIONS = (
 
 def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
-    gil = need_gil(profile, replicate=True)
+    gil = need_gil(profile)
     figures = launch_figures(gil)
-    figures |= dp_figures("text", lambda g: _text_replica(profile, math.ceil(TEXT_BATCH / g)), profile)
-    figures |= dp_figures("mlp", lambda g: _model_replica(mlp_model(16, 2048, math.ceil(8192 / g)), profile),
-                          profile)
+    assumptions = DP_ASSUMPTIONS + (f"GIL costs: {gil.source}",)
+    if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
+        assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
+                        "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
+    else:
+        figures |= dp_figures("text", lambda g: _text_replica(profile, math.ceil(TEXT_BATCH / g)), profile)
+        figures |= dp_figures("mlp", lambda g: _model_replica(mlp_model(16, 2048, math.ceil(8192 / g)), profile),
+                              profile)
     return ScenarioResult("data-parallel", figures, "launch_threads8_speedup_ratio",
-                          data_parallel.__doc__.splitlines()[0], DP_ASSUMPTIONS + (f"GIL costs: {gil.source}",))
+                          data_parallel.__doc__.splitlines()[0], assumptions)
 
 
 # --- Hogwild ------------------------------------------------------------------------------------------
