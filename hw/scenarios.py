@@ -134,12 +134,16 @@ def measure_data_parallel(device: torch.device, launches: int = 5000, rounds: in
     """The GIL experiment: 1-8 threads launching small kernels, each on its own stream of one GPU (or CPU ops).
 
     nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
-    from hw.gil import launch_times
+    from hw.gil import ELEMENTS, launch_times
+    from hw.hogwild import machine
     from parsim.interfaces import LAUNCH_THREADS, launch_ratios
 
+    before = machine()
     times = launch_times(device, LAUNCH_THREADS, launches, rounds)
     return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}),
-            "raw": {"launches": launches, "rounds": rounds, "times": {str(n): t for n, t in times.items()}}}
+            "raw": {"launches": launches, "rounds": rounds, "elements": ELEMENTS[device.type],
+                    "machine_before": before, "machine_after": machine(),
+                    "times": {str(n): t for n, t in times.items()}}}
 
 
 def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 2,

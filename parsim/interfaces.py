@@ -31,7 +31,10 @@ TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches o
 
 # --- the GIL experiment ---------------------------------------------------------------------------
 
-def launch_threads_s(gil: GilCosts, threads: int, launches: int = 200) -> float:
+PREDICTED_LAUNCHES = 200  # per thread: enough for the steady pace (the simulation's time grows with it)
+
+
+def launch_threads_s(gil: GilCosts, threads: int, launches: int = PREDICTED_LAUNCHES) -> float:
     """Host time of `threads` Python threads each launching `launches` small kernels (each on its own stream).
 
     The kernels are shorter than their launches, so only the host is timed: the wall time until the
@@ -46,7 +49,7 @@ def launch_threads_s(gil: GilCosts, threads: int, launches: int = 200) -> float:
 
 def launch_figures(gil: GilCosts, threads: tuple[int, ...] = LAUNCH_THREADS) -> dict[str, float]:
     """Per thread count: host time per launch of all threads together, and their throughput against one thread."""
-    per_launch = {n: launch_threads_s(gil, n) / (200 * n) for n in threads}
+    per_launch = {n: launch_threads_s(gil, n) / (PREDICTED_LAUNCHES * n) for n in threads}
     return launch_ratios(per_launch)
 
 
