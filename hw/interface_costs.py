@@ -31,7 +31,8 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m hw " + " ".join(sys.argv[1:])
     before = machine()
-    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"], source=f"{before['cpu']}, {command}, {now}")
+    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"],
+                             source=f"{before['cpu']}, {command}, {now}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ops on {before['cpu']}"
     gil, gil_raw = gil_costs(device, launches=size["launches"], rounds=size["rounds"],
                              source=f"{name}, torch {torch.__version__}, {command}, {now}")

@@ -189,10 +189,9 @@ def main(args: argparse.Namespace) -> int:
             figures, raw = figures["figures"], figures["raw"]
     result = {"scenario": args.name, "measured": figures, "device": _device_name(device),
               "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "python": platform.python_version(), "tiny": bool(args.cpu),
-              "command": "python -m hw " + " ".join(sys.argv[1:])}
+              "python": platform.python_version(), "tiny": bool(args.cpu)}
     if raw is not None:
-        result["raw"] = raw
+        result |= {"command": "python -m hw " + " ".join(sys.argv[1:]), "raw": raw}
     if not args.cpu:
         result["predicted"] = _predicted(args.name, args.profile)
     text = json.dumps(result, indent=2)

@@ -252,8 +252,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_scenario(args: argparse.Namespace) -> int:
     result = SCENARIOS[args.name](load_profile(args.profile))
     if args.json:
-        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures,
-                          "assumptions": list(result.assumptions)}, indent=2))
+        doc = {"name": result.name, "headline": result.headline, "figures": result.figures}
+        if result.assumptions:
+            doc["assumptions"] = list(result.assumptions)
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
