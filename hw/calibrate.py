@@ -410,6 +410,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and the decoder blocks, embeddings and heads of these models (specs or presets at a batch "
                         f"and length, comma-separated; default {TRANSFORMERS}), and their host cost")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
+    p.add_argument("--interfaces", action="store_true",
+                   help="only what `parsim scenario data-parallel` and `hogwild` need (the GIL under launching "
+                        "threads, on GPU 0 or else with CPU ops; the CPU's cores and memory; a Hogwild step; "
+                        "~20 s), added to --base")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -418,6 +422,10 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(f"{out} exists; pass --force to overwrite it, or choose another --out")
     if not out.parent.is_dir():
         raise ParsimError(f"cannot write {out}: folder {out.parent} does not exist")
+    if args.interfaces:
+        from hw.interface_costs import calibrate_interfaces
+
+        return calibrate_interfaces(load_profile(args.base), out, args.cpu)
     if not args.cpu and not torch.cuda.is_available():
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
     if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower

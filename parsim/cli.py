@@ -311,7 +311,10 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     else:
         result = SCENARIOS[args.name](load_profile(args.profile))
     if args.json:
-        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures}, indent=2))
+        doc = {"name": result.name, "headline": result.headline, "figures": result.figures}
+        if result.assumptions:
+            doc["assumptions"] = list(result.assumptions)
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
@@ -319,6 +322,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                  else fmt_time(value))
         mark = "   <- headline" if key == result.headline else ""
         print(f"  {key:<34} {shown:>12}{mark}")
+    for line in result.assumptions:
+        print(f"assumes: {line}")
     return 0
 
 

@@ -113,6 +113,55 @@ class KernelCost:
 
 
 @dataclass(frozen=True)
+class GilCosts:
+    """How Python threads of one process share its interpreter lock while they launch (`hw calibrate --interfaces`).
+
+    launch_s: host time of one launch with one thread alone; contended_launch_s: host time per launch of all
+    threads together while `threads` of them launch at once (the GIL-bound pace). DataParallel's Python
+    costs beside them: starting and joining a thread, and replicating one module onto one GPU (GPU only).
+    """
+
+    launch_s: float
+    contended_launch_s: float
+    threads: int
+    thread_s: float
+    replicate_module_s: float | None = None
+    source: str = ""
+
+    @property
+    def held_s(self) -> float:
+        """The part of a launch that holds the GIL: at most the launch, at most the contended pace."""
+        return min(self.contended_launch_s, self.launch_s)
+
+    @property
+    def released_s(self) -> float:
+        """The part that runs without it (dispatch and the driver's launch), as far as contention shows it."""
+        return self.launch_s - self.held_s
+
+    @property
+    def handoff_s(self) -> float:
+        """What contention adds to each launch beyond the launch alone (waking the next thread), if anything."""
+        return max(self.contended_launch_s - self.launch_s, 0.0)
+
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """The CPU's cores and memory, and one Hogwild training step on them (`hw calibrate --interfaces`).
+
+    core_speed: busy cores -> a core's speed then against one busy alone (all-core clocks, shared caches);
+    step_s: one process's training step of `step_model` alone, one intra-op thread.
+    """
+
+    cores: int
+    core_speed: dict[int, float]
+    core_bandwidth_Bps: float  # one core streaming alone
+    bandwidth_Bps: float  # every core streaming at once
+    step_s: float
+    step_model: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything the simulator needs to know about one node type and the model's layers."""
 
@@ -126,6 +175,8 @@ class Profile:
     collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
     runtimes: dict[str, RuntimeCosts] = field(default_factory=dict)  # optional: runtimes other than hw's runner
     gpu_memory_bytes: int | None = None  # optional: one GPU's memory (torch's total_memory), plan's default limit
+    gil: GilCosts | None = None  # optional: for the data-parallel scenario
+    cpu: CpuCosts | None = None  # optional: for the hogwild scenario
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -151,6 +202,9 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
+        for key in ("gil", "cpu", "gpu_memory_bytes"):  # optional: absent, not null, where unmeasured
+            if doc[key] is None:
+                del doc[key]
         return doc
 
 
@@ -221,8 +275,11 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
             runtimes[name] = _runtime_costs(spec, f"{origin}.runtimes.{name}")
     memory = doc.get("gpu_memory_bytes")
     memory = None if memory is None else int(_number(doc, "gpu_memory_bytes", origin))
+    gil = _gil(_section(doc, "gil", origin), f"{origin}.gil") if "gil" in doc else None
+    cpu = _cpu(_section(doc, "cpu", origin), f"{origin}.cpu") if "cpu" in doc else None
     return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes, memory)
+                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes=runtimes,
+                   gpu_memory_bytes=memory, gil=gil, cpu=cpu)
 
 
 def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
@@ -232,6 +289,34 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
                         _number(doc, "step_s", where, positive=False), tuple(unmeasured))
+
+
+def _whole(doc: dict, key: str, where: str) -> int:
+    value = doc.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _gil(doc: dict, where: str) -> GilCosts:
+    replicate = doc.get("replicate_module_s")
+    return GilCosts(_number(doc, "launch_s", where), _number(doc, "contended_launch_s", where),
+                    _whole(doc, "threads", where), _number(doc, "thread_s", where, positive=False),
+                    None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
+                    str(doc.get("source", "")))
+
+
+def _cpu(doc: dict, where: str) -> CpuCosts:
+    speeds = _section(doc, "core_speed", where)
+    try:
+        core_speed = {int(n): _number(speeds, n, f"{where}.core_speed") for n in speeds}
+    except ValueError:
+        raise ProfileError(f"{where}.core_speed must map busy-core counts to speeds, got {speeds!r}") from None
+    if 1 not in core_speed:
+        raise ProfileError(f"{where}.core_speed has no speed for 1 busy core")
+    return CpuCosts(_whole(doc, "cores", where), core_speed, _number(doc, "core_bandwidth_Bps", where),
+                    _number(doc, "bandwidth_Bps", where), _number(doc, "step_s", where),
+                    str(doc.get("step_model", "")), str(doc.get("source", "")))
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

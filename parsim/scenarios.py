@@ -26,6 +26,7 @@ class ScenarioResult:
     figures: dict[str, float]  # seconds, or a plain ratio where the key says so
     headline: str  # the key of the figure to compare with measurement
     description: str
+    assumptions: tuple[str, ...] = ()  # what the model takes as given, printed with the figures
 
 
 def _need_host(profile: Profile, field: str) -> float:
@@ -226,11 +227,22 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
     return ScenarioResult(scenario.name, scenario.figures(times), scenario.headline, scenario.description)
 
 
+def _interface(name: str) -> Callable[[Profile], ScenarioResult]:
+    """A scenario of parsim.interfaces, imported when run (that module builds on this one)."""
+    def run(profile: Profile) -> ScenarioResult:
+        from parsim import interfaces
+
+        return getattr(interfaces, name)(profile)
+    return run
+
+
 SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
     "async": async_front_end,
     "multi-gpu": multi_gpu_matmuls,
     "overlap": copy_compute_overlap,
     **{name: functools.partial(predict_pipeline_scenario, s) for name, s in PIPELINE_SCENARIOS.items()},
+    "data-parallel": _interface("data_parallel"),
+    "hogwild": _interface("hogwild"),
 }
 
 
