@@ -1,5 +1,5 @@
 """The GIL experiment: N Python threads of one process, each launching small kernels on its own CUDA stream
-(on the CPU: small CPU ops), and the costs `parsim.interfaces` models it with.
+(on the CPU: small CPU ops), and the costs `parsim.scenarios.interfaces` models it with.
 
 A thread holds the GIL for the Python part of each launch; torch's bindings drop it for the C++ part.
 Throughput of all threads together against one thread alone shows how much of a launch overlaps.

@@ -1,5 +1,5 @@
 """Hogwild with torch.multiprocessing: N processes train one model whose parameters live in shared memory,
-each updating them without a lock; and the CPU costs `parsim.interfaces` models it with (cores, memory).
+each updating them without a lock; and the CPU costs `parsim.scenarios.interfaces` models it with (cores, memory).
 
 Every process runs one intra-op thread (torch's advice against oversubscribing the cores) and is forked,
 so it shares the parent's model. Each runs for a fixed time after all are ready; its rate is its steps over

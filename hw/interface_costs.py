@@ -18,7 +18,7 @@ import torch
 from hw.gil import gil_costs
 from hw.hogwild import cpu_costs, machine
 from parsim.files import write_atomic
-from parsim.interfaces import HOGWILD_MODEL
+from parsim.scenarios.interfaces import HOGWILD_MODEL
 from parsim.profile import Profile, save_profile
 
 QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "launches": 200, "rounds": 2}  # --cpu

@@ -136,7 +136,7 @@ def measure_data_parallel(device: torch.device, launches: int = 5000, rounds: in
     nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
     from hw.gil import ELEMENTS, launch_times
     from hw.hogwild import machine
-    from parsim.interfaces import LAUNCH_THREADS, launch_ratios
+    from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
 
     before = machine()
     times = launch_times(device, LAUNCH_THREADS, launches, rounds)
@@ -150,7 +150,7 @@ def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: f
                     counts: tuple[int, ...] | None = None) -> dict:
     """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused)."""
     from hw.hogwild import machine, measure_hogwild as measure
-    from parsim.interfaces import HOGWILD_MODEL, HOGWILD_PROCESSES, hogwild_ratios
+    from parsim.scenarios.interfaces import HOGWILD_MODEL, HOGWILD_PROCESSES, hogwild_ratios
 
     spec = spec or HOGWILD_MODEL
     before = machine()

@@ -12,7 +12,7 @@ import simpy
 from conftest import make_profile
 
 from parsim.errors import ProfileError
-from parsim.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_step_s, launch_figures,
+from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_step_s, launch_figures,
                                launch_threads_s, step_bytes, hogwild_model)
 from parsim.profile import CollectiveSpec, CpuCosts, GilCosts, HostCosts, KernelCost, from_json, load_profile
 from parsim.sim.cpu import SharedRate, core_speed

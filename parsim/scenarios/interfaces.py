@@ -13,7 +13,7 @@ import simpy
 
 from parsim.errors import ProfileError
 from parsim.profile import CpuCosts, GilCosts, Profile
-from parsim.scenarios import ScenarioResult, _need_host, _need_kernel
+from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
 from parsim.sim.gil import Gil, GilLaunch, gil_thread
@@ -64,7 +64,7 @@ def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
 
 def _text_replica(profile: Profile, batch: int) -> Replica:
     """The text's model, nn.Linear(5, 2) in float32: one matmul forward, weight and bias gradients backward."""
-    launch_s, matmul = _need_host(profile, "launch_s"), _need_kernel(profile, "matmul")
+    launch_s, matmul = need_host(profile, "launch_s"), need_kernel(profile, "matmul")
     mm_s = matmul.time_s(2.0 * batch * 5 * 2)
     layer = StageCost(Work(mm_s, launch_s, 1), Work(0.0, 0.0, 1), Work(2 * mm_s, 2 * launch_s, 1),
                       send_bytes=batch * 2 * 4, stash_bytes=batch * 5 * 4, grad_bytes=(5 * 2 + 2) * 4)
@@ -83,7 +83,7 @@ def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
 
     Its forward's host time includes a launch for the loss and one for the backward call, as DataParallel's does."""
     layers = replica.layers
-    loss_and_call = Work(0.0, 2 * _need_host(profile, "launch_s"), 0)
+    loss_and_call = Work(0.0, 2 * need_host(profile, "launch_s"), 0)
     stage = StageCost(sum((c.forward for c in layers), loss_and_call),
                       sum((c.backward_input for c in layers), Work(0.0, 0.0, 0)),
                       sum((c.backward_weight for c in layers), Work(0.0, 0.0, 0)),
