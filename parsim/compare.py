@@ -239,19 +239,19 @@ def plot_speedups(points: list[Point], path: Path) -> None:
 
 
 def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None,
-            runtime: str | None = None) -> tuple[str, list[Path]]:
+            runtime: str | None = None, judge=None) -> tuple[str, list[Path]]:
     """The error table, and the two plots written into out_dir (default: the CSV's folder).
 
     With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as
     run by that runtime (else each point's own); the CSV's own predictions are left aside. Host
-    sensitivity is judged with that profile, or the shipped one.
+    sensitivity is judged with `judge`, else that profile, else the shipped one.
     """
     from parsim.profile import load_profile
 
     points = read_points(csv_path)
     if profile is not None or runtime is not None:
         points = repredict(points, profile or load_profile(), runtime)
-    points = mark_host_sensitive(points, profile or load_profile())
+    points = mark_host_sensitive(points, judge or profile or load_profile())
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")
