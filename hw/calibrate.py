@@ -399,7 +399,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
     p.add_argument("--runtimes", default="", metavar="NAME,...",
                    help="also the host costs of these pipeline runtimes besides hw's runner: "
-                        f"{', '.join(RUNTIME_COSTS)} (hw.torch_costs; ~40 s on one GPU)")
+                        f"{', '.join(RUNTIME_COSTS)} (hw.torch_costs: about 30 s on one GPU)")
 
 
 def main(args: argparse.Namespace) -> int:
