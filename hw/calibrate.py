@@ -34,8 +34,8 @@ from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, load_profile,
-                            save_profile)
+from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, RuntimeCosts,
+                            load_profile, save_profile)
 from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
@@ -414,6 +414,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only what `parsim scenario data-parallel` and `hogwild` need (the GIL under launching "
                         "threads, on GPU 0 or else with CPU ops; the CPU's cores and memory; a Hogwild step; "
                         "~20 s), added to --base")
+    p.add_argument("--runtimes", default="", metavar="NAME,...",
+                   help="also the host costs of these pipeline runtimes besides hw's runner: "
+                        f"{', '.join(RUNTIME_COSTS)} (hw.torch_costs: about 30 s on one GPU)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -441,14 +444,16 @@ def main(args: argparse.Namespace) -> int:
         from hw.calibrate_transformer import parse_models
 
         transformers = parse_models(args.transformer)
+    runtimes = _runtime_names(args.runtimes)
     profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers)
+    profile, samples["runtimes"], runtime_meta = runtime_costs(profile, base, runtimes, fits, args.cpu, args.gpus)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
-            "in_step_slowdown": samples["in_step_slowdown"],
+            "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
     memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
@@ -460,7 +465,45 @@ def main(args: argparse.Namespace) -> int:
     _report(fits, out, samples_path)
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} applied to their costs")
+    for name, costs in profile.runtimes.items():
+        if name in samples["runtimes"]:
+            print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
+                  f"per layer x{costs.layer_host:.3f} of hw's runner's, {costs.p2p_s * 1e6:.1f} us per message"
+                  + (f" (unmeasured: {', '.join(costs.unmeasured)})" if costs.unmeasured else ""))
     return 0
+
+
+def _torch_costs(profile: Profile, cpu: bool, gpus: int) -> tuple:
+    from hw.torch_costs import measure
+
+    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", "fp32" if cpu else "bf16", gpus)
+
+
+RUNTIME_COSTS = {"torch": _torch_costs}  # runtime -> (profile, cpu, gpus) -> (RuntimeCosts, samples, fits, meta)
+
+
+def _runtime_names(text: str) -> list[str]:
+    """--runtimes: those with a calibration here (hw's runner's costs are the profile's own, always measured)."""
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "hw"]
+    unknown = [n for n in names if n not in RUNTIME_COSTS]
+    if unknown:
+        raise ParsimError(f"no calibration for runtime(s) {', '.join(unknown)}; --runtimes takes: "
+                          f"{', '.join(['hw', *RUNTIME_COSTS])}")
+    return list(dict.fromkeys(names))
+
+
+def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[str, Fit], cpu: bool,
+                  gpus: int | None) -> tuple[Profile, dict, dict]:
+    """The profile with each named runtime's host costs measured (its fits added to `fits`), and the base's
+    other runtimes carried, every field marked unmeasured; the raw samples and provenance per runtime."""
+    count = gpus or (0 if cpu else torch.cuda.device_count())
+    every = tuple(f.name for f in dataclasses.fields(RuntimeCosts) if f.name != "unmeasured")
+    carried = {k: dataclasses.replace(v, unmeasured=every) for k, v in base.runtimes.items() if k not in names}
+    measured, samples, meta = {}, {}, {k: "carried from the base profile" for k in carried}
+    for name in names:
+        measured[name], samples[name], runtime_fits, meta[name] = RUNTIME_COSTS[name](profile, cpu, count)
+        fits |= runtime_fits
+    return dataclasses.replace(profile, runtimes={**carried, **measured}), samples, meta
 
 
 def conv_layers(cpu: bool) -> list[Layer]:

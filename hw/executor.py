@@ -390,11 +390,14 @@ def _fail_after(n: int) -> Callable[[Action, str], None]:
 
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
-                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
-    """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
-    gradients (averaged over replicas) by global name."""
-    made = replica_groups(schedule, Groups(), data_parallel)
-    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
+                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
+                         runtime: str = "hw") -> dict:
+    """One pipelined step run by `runtime` (hw.runners): this rank's loss (last stage, its replica's share) and
+    its parameters' gradients (averaged over replicas) by global name."""
+    from hw.runners import job_groups, runner_factory
+
+    made = job_groups(runtime, schedule, Groups(), data_parallel)
+    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel)
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)

@@ -75,9 +75,10 @@ def _add_model_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
     add_runtime_arg(p)
 
 
-def add_runtime_arg(p: argparse.ArgumentParser) -> None:
-    """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw`."""
-    p.add_argument("--runtime", type=runtime_name, default=DEFAULT_RUNTIME, metavar="NAME", help=runtime_help())
+def add_runtime_arg(p: argparse.ArgumentParser, note: str = "") -> None:
+    """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw` (which adds a note)."""
+    p.add_argument("--runtime", type=runtime_name, default=DEFAULT_RUNTIME, metavar="NAME",
+                   help=runtime_help() + (f"; {note}" if note else ""))
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

@@ -25,7 +25,8 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
 
 def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     out = tmp_path / "p.json"
-    r = _calibrate("--cpu", "--gpus", "2", "--conv", "--out", str(out), "--transformer", "llama:4:16:2:32:4:2:64:128")
+    r = _calibrate("--cpu", "--gpus", "2", "--conv", "--runtimes", "torch", "--out", str(out),
+                   "--transformer", "llama:4:16:2:32:4:2:64:128")
     assert r.returncode == 0, r.stderr
     profile = load_profile(out)
     assert profile.links["nvlink"].measured and profile.links["h2d_pinned"].measured
@@ -53,6 +54,18 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     model = model_from_spec("llama:4:16:2:32:4:2:64:128")
     prediction, _ = predict(build("gpipe", 2, 2), partitioned(model, "time", 2, 2, profile), profile)
     assert prediction.step_time_s > 0 and prediction.sample == "sequence"
+    # --runtimes torch: torch's runtime's host costs, fitted and checked, messages posted through its own path
+    torch_costs = profile.runtimes["torch"]
+    assert torch_costs.layer_host > 0 and "p2p_s" not in torch_costs.unmeasured and torch_costs.p2p_s > 0
+    assert samples["meta"]["runtimes"]["torch"]["checked_on"] == "Interleaved1F1B"
+    assert {"host torch", "host hw in turns"} <= samples["meta"]["fits"].keys() and "torch runtime:" in r.stdout
+    rows = samples["samples"]["runtimes"]["torch"]["probes"]
+    assert {(row["runtime"], row["schedule"]) for row in rows} == {("hw", "gpipe"), ("torch", "gpipe"),
+                                                                   ("torch", "1f1b"), ("torch", "interleaved-1f1b")}
+    predicted = subprocess.run([sys.executable, "-m", "parsim", "predict", "--runtime", "torch", "--schedule",
+                                "interleaved-1f1b", "--gpus", "2", "--profile", str(out), "--json"],
+                               capture_output=True, text=True)
+    assert predicted.returncode == 0 and json.loads(predicted.stdout)["step_time_s"] > 0, predicted.stderr
 
 
 def test_calibrate_never_overwrites_without_force(tmp_path):
@@ -61,6 +74,11 @@ def test_calibrate_never_overwrites_without_force(tmp_path):
     r = _calibrate("--cpu", "--out", str(out))
     assert r.returncode == 2 and "exists; pass --force" in r.stderr
     assert out.read_text() == "mine"
+
+
+def test_calibrate_refuses_a_runtime_it_has_no_calibration_for(tmp_path):
+    r = _calibrate("--cpu", "--runtimes", "tf", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "no calibration for runtime(s) tf" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_calibrate_without_a_gpu_says_so():
