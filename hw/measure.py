@@ -373,7 +373,7 @@ def main(args: argparse.Namespace) -> int:
 def _text(r: dict) -> str:
     c = r["config"]
     replicas = f" ({c['data_parallel']} data-parallel replicas)" if c["data_parallel"] > 1 else ""
-    replicas += f", {c['runtime']} runtime" if c["runtime"] != "hw" else ""
+    replicas += f", {c['runtime']} runtime" if c.get("runtime", "hw") != "hw" else ""
     lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}{replicas}, {c['microbatches']} micro-batches, "
              f"{c['model']}, {c['dtype']}",
              f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "
