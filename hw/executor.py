@@ -222,9 +222,13 @@ class StageRunner:
 
     def _recv(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
-        buf = io.message_like(a)
+        buf = self._receive_buffer(a, io)
         with self._message_stream():
             st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
+
+    def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
+        """Where receive `a` lands: a new buffer each step (a graphed runner has static ones)."""
+        return io.message_like(a)
 
     @staticmethod
     def _await_message(recv: Action, st: StepState) -> None:
@@ -380,11 +384,14 @@ def _fail_after(n: int) -> Callable[[Action, str], None]:
 
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
-                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
-    """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
-    gradients (averaged over replicas) by global name."""
+                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
+                         runtime: str = "hw") -> dict:
+    """One pipelined step run by `runtime` (hw.runners): this rank's loss (last stage, its replica's share) and
+    its parameters' gradients (averaged over replicas) by global name."""
+    from hw.runners import runner_factory  # hw.runners imports this module
+
     made = replica_groups(schedule, Groups(), data_parallel)
-    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
+    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel)
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)

@@ -75,7 +75,8 @@ class RuntimeCosts:
 
     Per compute action and per message posted; layer_host is the share of the layers' per-layer host
     cost it pays (1: it launches their kernels one by one, as eager PyTorch does; 0: it replays a
-    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's.
+    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's, and
+    gpu_fixed_scale, their fixed part's besides (CUDA graphs shorten the gaps, not the matmuls).
     `unmeasured` names the fields carried from elsewhere, not measured for this runtime.
     """
 
@@ -85,6 +86,7 @@ class RuntimeCosts:
     gpu_scale: float = 1.0
     step_s: float = 0.0  # once per step and rank: splitting the batch, resetting state, scaling gradients
     unmeasured: tuple[str, ...] = ()
+    gpu_fixed_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -226,9 +228,10 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
+    fixed = _number(doc, "gpu_fixed_scale", where, positive=False) if "gpu_fixed_scale" in doc else 1.0
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        _number(doc, "step_s", where, positive=False), tuple(unmeasured))
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), fixed)
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

@@ -20,6 +20,7 @@ class Runtime(ABC):
 
     name: str
     summary: str  # one line for --help and reports
+    copy_streams: bool = False  # it posts messages as hw's runner does, so hw's copy streams apply
 
     @abstractmethod
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
@@ -40,9 +41,11 @@ class Runtime(ABC):
 
 
 def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
-    """`profile` with a runtime's host costs per action and message, and its layers' host and GPU costs scaled."""
+    """`profile` with a runtime's host costs per action and message, and its layers' host and GPU costs scaled
+    (the fixed part of their GPU time by gpu_fixed_scale besides)."""
     def op(cost: OpCost) -> OpCost:
-        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale, cost.flops_per_s / spec.gpu_scale)
+        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale * spec.gpu_fixed_scale,
+                      cost.flops_per_s / spec.gpu_scale)
 
     layers = {k: LayerCosts(op(c.forward), op(c.backward_input), op(c.backward_weight)) for k, c in profile.layers.items()}
     meta = dict(profile.meta)
