@@ -7,7 +7,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
   2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
-  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs;
+  6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.graphcosts).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
 """
 
@@ -39,6 +40,7 @@ from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
 POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
+RUNTIME_PROBES = {"graphs": "graphs and graphs-step: CUDA-graphed actions, or one graph per one-GPU step (~30 s)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,6 +399,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
                                                        "its shapes at 4-256 images, and their host cost (~20 s more)")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
+    p.add_argument("--runtimes", default="", metavar="NAMES",
+                   help=f"also measure these runtimes' costs (profile.runtimes): {', '.join(RUNTIME_PROBES)}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -412,8 +416,11 @@ def main(args: argparse.Namespace) -> int:
         assert hidden and min(hidden) > 0
     except (ValueError, AssertionError):
         raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
+    runtimes = [r for r in args.runtimes.split(",") if r]
+    if set(runtimes) - set(RUNTIME_PROBES):
+        raise ParsimError(f"--runtimes: calibrate measures {', '.join(RUNTIME_PROBES)}; got {args.runtimes!r}")
     base = load_profile(args.base)
-    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, runtimes)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -430,6 +437,10 @@ def main(args: argparse.Namespace) -> int:
     _report(fits, out, samples_path)
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} applied to their costs")
+    if "graphs" in samples:
+        from hw.graphcosts import report_lines
+
+        print("\n".join(report_lines(samples["graphs"])))
     return 0
 
 
@@ -443,7 +454,7 @@ CONV_KINDS = ("conv", "down")
 
 
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
-              ) -> tuple[Profile, dict, dict[str, Fit]]:
+              runtimes: list[str] | tuple[str, ...] = ()) -> tuple[Profile, dict, dict[str, Fit]]:
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
@@ -492,6 +503,12 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
     profile = Profile(node, links, HostCosts(action_s, p2p_s), layers, collectives=collectives)
+    if "graphs" in runtimes:
+        from hw.graphcosts import calibrate_graphs
+
+        graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, host,
+                                                                 p2p_carried=count < 2)
+        profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     return with_op_costs(profile, op_costs), samples, fits
 
 

@@ -6,9 +6,12 @@ step: graphs sharing a pool must replay as they were captured, since a later cap
 earlier one freed (Megatron-LM captures one graph per layer and micro-batch in pipeline order for the same
 reason). Data moves between graphs through static tensors: a receive lands in its consumer's input buffer,
 a stage reads the output of the stage before it on the same rank, the batch is copied into stage 0's inputs.
-Weight gradients accumulate inside the graphs into one flat buffer per rank, in program order, as eager
-autograd accumulates them into `.grad`; the parameters' `.grad` are views of it. Messages stay outside the
-graphs, posted as hw's runner posts them (StageRunner), on copy streams if asked.
+Weight gradients accumulate inside the graphs as autograd accumulates `.grad`: a stage's first gradient
+action of the step (its first B or W) defines them, each later one adds into them, in program order; the
+parameters' `.grad` are those static tensors. A `.grad` already there at the start of a step is added in
+right after the first action, where autograd would add that action's gradient to it (a + b == b + a, so
+bit for bit). Messages stay outside the graphs, posted as hw's runner posts them (StageRunner), on copy
+streams if asked.
 
 With `whole_step`, a one-rank pipeline (no messages) captures its whole step as one graph instead.
 Where there is no GPU, EagerGraphs stands in for the graphs: same interface, the captured function run
@@ -24,8 +27,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from hw.executor import (RECEIVES, Deps, StageRunner, StepIO, _capture_weighted_outputs, replica_batch,
-                         stage_modules)
+from hw.executor import (RECEIVES, Deps, StageRunner, StepIO, _capture_weighted_outputs, make_batch, replica_batch,
+                         split_batch, stage_modules, stage_shapes)
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 
@@ -180,7 +183,12 @@ class GraphRunner(StageRunner):
                               "would need its NCCL messages captured in the graph")
         self.graphs, self.whole_step = graphs, whole_step
         self.params = [p for s in sorted(stages) for p in stages[s].parameters()]
-        self.flats, self.acc = _gradient_buffers(self.params)
+        self.acc: dict[nn.Parameter, torch.Tensor] = {}  # each parameter's gradient of the step: its .grad
+        self.first_grad = {}  # stage -> its first gradient-producing action (B or W): it defines self.acc
+        for a in schedule.actions[rank]:
+            if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
+                self.first_grad.setdefault(a.stage, a)
+        self.carried: dict[int, list[tuple[torch.Tensor, nn.Parameter]]] = {}  # stage -> .grad there at the start
         self.held: dict[Action, Held] = {}
         self.replays: dict[Action, Callable[[], None]] = {}
         self.whole: Graph | None = None
@@ -293,16 +301,23 @@ class GraphRunner(StageRunner):
         f, h = self.held[deps[0]], self.held[a]
         grad = self._source(deps[1]) if len(deps) > 1 else None
         params = list(self.stages[a.stage].parameters())
-        accs = [self.acc[p] for p in params]
+        first = a == self.first_grad[a.stage]
 
         def backward() -> None:
             x = [f.x] if f.x.requires_grad else []
             grads = torch.autograd.grad(self._root(a, f), x + params, grad() if grad else None)
             if x:
                 h.out, grads = grads[0], grads[1:]
-            torch._foreach_add_(accs, grads)
+            self._accumulate(params, grads, first)
 
         return backward
+
+    def _accumulate(self, params: list[nn.Parameter], grads, first: bool) -> None:
+        """The stage's first gradient action defines the step's gradients; each later one adds into them."""
+        if first:
+            self.acc.update(zip(params, _owned(grads)))
+        else:
+            torch._foreach_add_([self.acc[p] for p in params], list(grads))
 
     def _backward_input_fn(self, a: Action, deps: Deps) -> Callable[[], None]:
         """I: the input's gradient and each weighted module's output gradient, the graph kept for W."""
@@ -322,16 +337,16 @@ class GraphRunner(StageRunner):
 
     def _backward_weight_fn(self, a: Action, deps: Deps) -> Callable[[], None]:
         """W: each weighted module's parameter gradients from the output gradient I kept, added in."""
-        i = self.held[deps[0]]
+        i, first = self.held[deps[0]], a == self.first_grad[a.stage]
 
         def backward_weight() -> None:
             work, i.weighted = i.weighted, []
-            accs, grads = [], []
+            params, grads = [], []
             for module, out, g in work:
-                params = list(module.parameters(recurse=False))
-                grads += torch.autograd.grad(out, params, g)
-                accs += [self.acc[p] for p in params]
-            torch._foreach_add_(accs, grads)
+                mine = list(module.parameters(recurse=False))
+                grads += torch.autograd.grad(out, mine, g)
+                params += mine
+            self._accumulate(params, grads, first)
 
         return backward_weight
 
@@ -350,34 +365,40 @@ class GraphRunner(StageRunner):
         return None if self.loss_sum is None else self.loss_sum.clone()  # the static sum changes next step
 
     def _begin(self, io: StepIO) -> None:
-        """The batch into the static inputs; the accumulators zeroed, or holding the gradients already there."""
+        """The batch into the static inputs; any .grad already there set aside to add in after the first action."""
         if self.inputs:
             torch._foreach_copy_(self.inputs, io.inputs)
         if self.targets:
             torch._foreach_copy_(self.targets, io.targets)
         if self.copy_stream is not None:  # this step's receives land in buffers the last step's graphs read
             self.copy_stream.wait_stream(torch.cuda.current_stream())
-        grads = [p.grad for p in self.params]
-        if all(g is None for g in grads):
-            for flat in self.flats:
-                flat.zero_()
+        self.carried = {}
+        if all(p.grad is None for p in self.params):
             return
-        with torch.no_grad():
-            for p, g in zip(self.params, grads):
-                acc = self.acc[p]
-                if g is None:
-                    acc.zero_()
-                elif g.data_ptr() != acc.data_ptr():
-                    acc.copy_(g)
+        if self.whole is not None:
+            raise ParsimError("one graph per step needs every .grad cleared (None) before the step; to accumulate "
+                              "gradients over steps, run the graphs runtime (a graph per action)")
+        for s, module in self.stages.items():
+            # the first action overwrites the static gradients, which may be these very tensors
+            self.carried[s] = [(p.grad.clone() if p.grad is self.acc.get(p) else p.grad, p)
+                               for p in module.parameters() if p.grad is not None]
+
+    def _add_carried(self, stage: int) -> None:
+        """After the stage's first gradient action: old .grad + its gradient, as autograd would have summed them."""
+        pairs = self.carried.pop(stage, None)
+        if pairs:
+            torch._foreach_add_([self.acc[p] for _, p in pairs], [old for old, _ in pairs])
 
     def _finish(self) -> None:
-        """Each parameter's .grad is its accumulator (or, where it had its own tensor, holds its value)."""
+        """Each parameter's .grad is its static gradient (or, where it had a tensor of its own, holds its value)."""
         for p in self.params:
-            g = p.grad
+            acc, g = self.acc.get(p), p.grad
+            if acc is None or g is acc:
+                continue
             if g is None:
-                p.grad = self.acc[p]
-            elif g.data_ptr() != self.acc[p].data_ptr():
-                g.copy_(self.acc[p])
+                p.grad = acc
+            elif g.data_ptr() != acc.data_ptr():
+                g.copy_(acc)
 
     def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
         return self.received[a]
@@ -392,6 +413,8 @@ class GraphRunner(StageRunner):
         if len(deps) > 1 and deps[1].op in RECEIVES:
             del st.received[deps[1]]
         self.replays[a]()
+        if self.carried and a.op == Op.BACKWARD and a == self.first_grad[a.stage]:
+            self._add_carried(a.stage)
         if a.stage > 0:
             st.grads[a] = self.held[a].out
 
@@ -399,21 +422,21 @@ class GraphRunner(StageRunner):
 
     def _backward_weight(self, a: Action, deps: Deps, io: StepIO, st) -> None:
         self.replays[a]()
+        if self.carried and a == self.first_grad[a.stage]:
+            self._add_carried(a.stage)
 
 
-def _gradient_buffers(params: list[nn.Parameter]) -> tuple[list[torch.Tensor], dict[nn.Parameter, torch.Tensor]]:
-    """One flat gradient buffer per device and dtype, and each parameter's view of it."""
-    flats, acc = [], {}
-    kinds = dict.fromkeys((p.device, p.dtype) for p in params)
-    for device, dtype in kinds:
-        mine = [p for p in params if (p.device, p.dtype) == (device, dtype)]
-        flat = torch.zeros(sum(p.numel() for p in mine), device=device, dtype=dtype)
-        at = 0
-        for p in mine:
-            acc[p] = flat[at:at + p.numel()].view_as(p)
-            at += p.numel()
-        flats.append(flat)
-    return flats, acc
+def _owned(grads) -> list[torch.Tensor]:
+    """The gradients as tensors of their own (a clone where one shares memory with another or is not
+    contiguous): later actions add into them in place."""
+    seen, out = set(), []
+    for g in grads:
+        ptr = g.untyped_storage().data_ptr()
+        if ptr in seen or not g.is_contiguous():
+            g = g.clone()
+        seen.add(ptr)
+        out.append(g)
+    return out
 
 
 def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype, made,
@@ -435,3 +458,15 @@ def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dt
 def step_graph_runner(*args, **kwargs) -> tuple[GraphRunner, dict[int, nn.Module], int]:
     """hw.runners' factory for one graph per step (one rank, no messages)."""
     return graphs_runner(*args, **kwargs, whole_step=True)
+
+
+def local_graph_runner(model, schedule: Schedule, device: torch.device, dtype: torch.dtype,
+                       whole_step: bool = False) -> tuple[GraphRunner, StepIO]:
+    """executor.local_runner's graphed twin: a one-rank schedule's GraphRunner on this device, captured, and its
+    batch (calibrate's probes, scripts/graphs_gpu_check.py)."""
+    runner = GraphRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {}, graph_maker(device),
+                         whole_step=whole_step)
+    io = split_batch(*make_batch(model, device, dtype), schedule.num_microbatches,
+                     stage_shapes(model, schedule.num_stages))
+    runner.prepare(io)
+    return runner, io

@@ -25,13 +25,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hw.executor import Groups, replica_batch, replica_groups
-from hw.runners import runner_factory
+from hw.runners import RUNNERS, runner_factory
 from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
 from parsim.cli import add_model_args, add_partition_args, model_from_args, split_model
 from parsim.profile import load_profile
+from parsim.runtimes import get_runtime
 from parsim.workload import Model, microbatch_tokens, stage_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -169,7 +170,8 @@ def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
         _profile_one_step(one_step, device, trace_path(config.trace, rank))
     per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"times": times, "per_op": per_op, "peak_memory_bytes": peak}
+    return {"times": times, "per_op": per_op, "peak_memory_bytes": peak,
+            "graph_pool_bytes": getattr(runner, "graph_pool_bytes", None)}  # a graphed runner's pool on this GPU
 
 
 def _killer(rank: int):
@@ -229,7 +231,8 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
         split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
         backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
         per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
-                          "peak_memory_bytes": results[rank]["peak_memory_bytes"]})
+                          "peak_memory_bytes": results[rank]["peak_memory_bytes"],
+                          "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
@@ -246,9 +249,9 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
 
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
-        data_parallel: int = 1, copy_streams: bool = False) -> dict:
+        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw") -> dict:
     """Measure `schedule` (on `data_parallel` replicas) and the one-device baseline; the report as plain data."""
-    job = Job(schedule, model, config, data_parallel, copy_streams)
+    job = Job(schedule, model, config, data_parallel, copy_streams, runtime)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, baseline[0], device)
 
@@ -263,6 +266,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")
+    p.add_argument("--runtime", choices=sorted(RUNNERS), default="hw",
+                   help="what runs the schedule (hw.runners; default hw, hw's eager runner)")
     p.add_argument("--copy-streams", action="store_true",
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=int, default=1, metavar="D",
@@ -296,7 +301,8 @@ def main(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
-    schedule = build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
+    schedule = get_runtime(args.runtime).build(args.schedule, args.gpus // args.data_parallel, args.microbatches,
+                                               args.virtual_stages)
     if schedule.num_stages > len(model.layers):
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
     microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
@@ -304,7 +310,7 @@ def main(args: argparse.Namespace) -> int:
     model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
-                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams)
+                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return 0
 
@@ -320,6 +326,8 @@ def _text(r: dict) -> str:
              f"  {'stage':>5} {'rank':>4} {'forward':>10} {'backward':>10}  peak memory"]
     for s in r["per_stage"]:
         mem = "-" if s["peak_memory_bytes"] is None else f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
+        if s.get("graph_pool_bytes"):
+            mem += f" (graphs' pool {s['graph_pool_bytes']['reserved'] / 2**20:.0f} MiB)"
         fwd = "-" if s["forward_s"] is None else f"{s['forward_s'] * 1e3:.3f} ms"
         bwd = "-" if s["backward_s"] is None else f"{s['backward_s'] * 1e3:.3f} ms"
         lines.append(f"  {s['stage']:>5} {s['rank']:>4} {fwd:>10} {bwd:>10}  {mem}")

@@ -21,6 +21,7 @@ SCHEMA = "parsim.profile"
 VERSION = 1
 LINK_NAMES = ("nvlink", "network", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 LAYER_OPS = ("forward", "backward_input", "backward_weight")
+ACCUMULATE = "accumulate"  # profile.kernels' gradient add: `.grad += g` over a stage, 3x its gradients' bytes moved
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class RuntimeCosts:
     step_s: float = 0.0  # once per step and rank: splitting the batch, resetting state, scaling gradients
     unmeasured: tuple[str, ...] = ()
     gpu_fixed_scale: float = 1.0
+    accumulate_s: float = 0.0  # GPU time of one gradient add over a stage: accumulate_s + 3 x its gradient
+    accumulate_Bps: float = 0.0  # bytes / accumulate_Bps, after the stage's first gradient action (0: not modelled)
 
 
 @dataclass(frozen=True)
@@ -228,10 +231,11 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
-    fixed = _number(doc, "gpu_fixed_scale", where, positive=False) if "gpu_fixed_scale" in doc else 1.0
+    optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps")
+                if k in doc}
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), fixed)
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), **optional)
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

@@ -105,3 +105,24 @@ def test_graphs_keep_hws_copy_streams_and_torch_refuses_them():
 
     assert GRAPHS.copy_streams and not get_runtime("torch").copy_streams and not STEP_GRAPH.copy_streams
     assert main(["predict", "--gpus", "2", "--runtime", "torch", "--copy-streams"]) == 2
+
+
+@pytest.mark.parametrize("name,virtual,stages", [("gpipe", None, 1), ("zb-h1", None, 1), ("interleaved-1f1b", 2, 2)])
+def test_each_gradient_action_after_its_stages_first_adds_the_stages_gradients(name, virtual, stages):
+    """GPU-bound on one GPU, 8 micro-batches: 7 adds per stage (the first B or W of a stage defines .grad), each
+    accumulate_s + 3 x the stage's gradient bytes (read both, write one) / accumulate_Bps."""
+    costs = dict(action_s=0.0, p2p_s=0.0, layer_host=0.0)
+    plain = with_runtime(make_profile(), "graphs", **costs)
+    adding = with_runtime(make_profile(), "graphs", **costs, accumulate_s=1e-5, accumulate_Bps=1e12)
+    s = GRAPHS.build(name, 1, 8, virtual)
+    extra = predict(s, MODEL, adding, runtime=GRAPHS)[0].step_time_s - predict(s, MODEL, plain, runtime=GRAPHS)[0].step_time_s
+    stage_bytes = 8 * (8 * 1024**2 + 7 * 1024) * 2 / stages  # MLP block: 8h^2 + 7h bf16 parameters
+    assert extra == pytest.approx(7 * stages * (1e-5 + 3 * stage_bytes / 1e12), rel=1e-9)
+
+
+def test_hws_runner_models_no_gradient_add_unless_its_profile_has_one():
+    """The eager runner's predictions are unchanged: the add is a runtime's measured cost (graphs: calibrated)."""
+    profile = make_profile()
+    s = build("gpipe", 1, 8)
+    assert "accumulate" not in profile.kernels
+    assert predict(s, MODEL, profile)[0].step_time_s == pytest.approx(gpu_step_s(), rel=1e-9)

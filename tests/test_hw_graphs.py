@@ -76,9 +76,10 @@ def test_batch_norm_nets_equal_eager_and_capture_leaves_their_running_statistics
         _assert_same(eager, graphed, _step_both(eager, graphed, io))
 
 
-def test_gradients_accumulate_across_steps_as_eager_does_into_the_same_tensors():
+@pytest.mark.parametrize("name,microbatches", [("1f1b", 4), ("zb-h1", 3)])
+def test_gradients_accumulate_across_steps_as_eager_does_into_the_same_tensors(name, microbatches):
     """Not cleared between steps, .grad keeps adding up; a .grad the caller set keeps its identity and sums into it."""
-    eager, graphed, io = _pair(MODEL, "1f1b", 4, None)
+    eager, graphed, io = _pair(MODEL, name, microbatches, None)
     mine = {}
     for runner in (eager, graphed):
         p = _params(runner)[0]
@@ -101,11 +102,13 @@ def test_captures_run_in_program_order_and_every_step_replays_them_in_that_order
     assert log[len(computes):] == [("replay", a) for a in computes] * 2
 
 
-def test_one_graph_per_step_captures_the_whole_program_once():
+def test_one_graph_per_step_captures_the_whole_program_once_and_needs_gradients_cleared():
     eager, graphed, io = _pair(MODEL, "1f1b", 4, None, whole_step=True)
-    graphed.step(io)
-    graphed.step(io)
+    _step_both(eager, graphed, io)
+    _step_both(eager, graphed, io)
     assert graphed.graphs.log == [("capture", "step"), ("replay", "step"), ("replay", "step")]
+    with pytest.raises(ParsimError, match=r"needs every \.grad cleared"):
+        graphed.step(io)  # accumulating over steps would need an add inside the graph, after its first action
 
 
 def test_a_step_reads_its_batch_through_static_buffers_captured_once():
