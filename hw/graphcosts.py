@@ -27,7 +27,7 @@ from scipy.optimize import least_squares
 
 from hw.calibrate import fit_affine, host_stage
 from hw.executor import local_runner
-from hw.graphs import graph_maker, local_graph_runner
+from hw.graphs import graph_maker, local_graph_runner, release_unused
 from hw.models import MlpBlock
 from hw.measure import ActionTimer, HostSpans
 from hw.opcosts import gpu_time_s, sync
@@ -126,8 +126,7 @@ def gpu_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], tok
                 row[f"{name}_backward_s"] = statistics.median(per_op[0, Op.BACKWARD])
             rows.append(row)
             del runners, timers
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # each size's graphs and pools go before the next is captured
+            release_unused(device)  # each size's graphs and pools go before the next is captured
     return rows
 
 
@@ -135,7 +134,8 @@ def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[in
     """GPU time of one gradient add over a stage of `layers` MLP blocks of each width, replayed as a graph."""
     rows = []
     for h in hidden:
-        shapes = [p.shape for p in MlpBlock(h).to("meta").parameters()] * layers
+        with torch.device("meta"):  # shapes only: no weights drawn
+            shapes = [p.shape for p in MlpBlock(h).parameters()] * layers
         accs = [torch.zeros(s, device=device, dtype=dtype) for s in shapes]
         grads = [torch.full(s, 1e-3, device=device, dtype=dtype) for s in shapes]
         maker = graph_maker(device)

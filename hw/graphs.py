@@ -20,6 +20,7 @@ again at each replay, so the CPU tests cover buffers, capture order and gradient
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -448,11 +449,20 @@ def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dt
         raise ParsimError("the graphs runtime runs one pipeline replica: its gradients accumulate inside the graphs, "
                           "where DDP's bucket hooks never fire")
     channels, _ = made
+    release_unused(device)
     stages = stage_modules(model, schedule, rank, device, dtype)
     runner = GraphRunner(schedule, rank, stages, channels[0], graph_maker(device), copy_streams=copy_streams,
                          whole_step=whole_step)
     runner.prepare(replica_batch(model, schedule, 0, 1, device, dtype))
     return runner, stages, 0
+
+
+def release_unused(device: torch.device) -> None:
+    """Free the pools of graphed runners no longer used: a runner sits in reference cycles (its program holds its
+    bound methods), so its graphs' memory goes only when the collector runs, which GPU memory does not prompt."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def step_graph_runner(*args, **kwargs) -> tuple[GraphRunner, dict[int, nn.Module], int]:

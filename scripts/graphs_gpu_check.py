@@ -20,7 +20,7 @@ import time
 import torch
 
 from hw.executor import local_runner, make_batch
-from hw.graphs import local_graph_runner
+from hw.graphs import local_graph_runner, release_unused
 from hw.models import build_layer
 from parsim.files import write_atomic
 from parsim.schedules import build
@@ -74,13 +74,16 @@ def check(model: Model, name: str, virtual: int | None, microbatches: int, whole
     ref_loss, ref_grads = reference(model, microbatches, device, dtype)
     worst = max(normwise(grads[k], g) for k, g in ref_grads.items())
     loss_error = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-30)
+    pool = graphed.graph_pool_bytes
+    del graphed, io
+    release_unused(device)
     return {"model": model.name, "schedule": name, "virtual_stages": virtual, "microbatches": microbatches,
             "mode": "graphs-step" if whole_step else "graphs", "grad_rel_error_vs_one_device": worst,
             "loss_rel_error_vs_one_device": loss_error,
             "bitwise_equal_to_hw_eager": sum(torch.equal(grads[k], g) for k, g in eager_grads.items()),
             "grad_tensors": len(eager_grads), "loss_equal_to_hw_eager": bool(torch.equal(loss, eager_loss)),
             "graphs": 1 if whole_step else sum(a.is_compute for a in schedule.actions[0]),
-            "capture_s": capture_s, "graph_pool_bytes": graphed.graph_pool_bytes,
+            "capture_s": capture_s, "graph_pool_bytes": pool,
             "ok": worst <= BF16_RTOL and loss_error <= BF16_RTOL and set(grads) == set(ref_grads)}
 
 
