@@ -8,7 +8,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
   2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
-  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs;
+  6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.graphcosts).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
 """
 
@@ -40,6 +41,8 @@ from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
 POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
+RUNTIME_PROBES = {"torch": "torch.distributed.pipelining's host costs (hw.torch_costs, ~30 s)",
+                  "graphs": "graphs and graphs-step: CUDA-graphed actions, or one graph per one-GPU step (~30 s)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,8 +418,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "threads, on GPU 0 or else with CPU ops; the CPU's cores and memory; a Hogwild step; "
                         "~20 s), added to --base")
     p.add_argument("--runtimes", default="", metavar="NAME,...",
-                   help="also the host costs of these pipeline runtimes besides hw's runner: "
-                        f"{', '.join(RUNTIME_COSTS)} (hw.torch_costs: about 30 s on one GPU)")
+                   help="also the costs of these pipeline runtimes besides hw's runner (profile.runtimes): "
+                        f"{', '.join(f'{n}: {what}' for n, what in RUNTIME_PROBES.items())}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -445,7 +448,7 @@ def main(args: argparse.Namespace) -> int:
 
         transformers = parse_models(args.transformer)
     runtimes = _runtime_names(args.runtimes)
-    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers, runtimes)
     profile, samples["runtimes"], runtime_meta = runtime_costs(profile, base, runtimes, fits, args.cpu, args.gpus)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -470,6 +473,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
                   f"per layer x{costs.layer_host:.3f} of hw's runner's, {costs.p2p_s * 1e6:.1f} us per message"
                   + (f" (unmeasured: {', '.join(costs.unmeasured)})" if costs.unmeasured else ""))
+    if "graphs" in samples:
+        from hw.graphcosts import report_lines
+
+        print("\n".join(report_lines(samples["graphs"])))
     return 0
 
 
@@ -485,25 +492,27 @@ RUNTIME_COSTS = {"torch": _torch_costs}  # runtime -> (profile, cpu, gpus) -> (R
 def _runtime_names(text: str) -> list[str]:
     """--runtimes: those with a calibration here (hw's runner's costs are the profile's own, always measured)."""
     names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "hw"]
-    unknown = [n for n in names if n not in RUNTIME_COSTS]
+    unknown = [n for n in names if n not in RUNTIME_PROBES]
     if unknown:
         raise ParsimError(f"no calibration for runtime(s) {', '.join(unknown)}; --runtimes takes: "
-                          f"{', '.join(['hw', *RUNTIME_COSTS])}")
+                          f"{', '.join(['hw', *RUNTIME_PROBES])}")
     return list(dict.fromkeys(names))
 
 
 def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[str, Fit], cpu: bool,
                   gpus: int | None) -> tuple[Profile, dict, dict]:
-    """The profile with each named runtime's host costs measured (its fits added to `fits`), and the base's
-    other runtimes carried, every field marked unmeasured; the raw samples and provenance per runtime."""
+    """The profile with each named runtime's host costs measured where RUNTIME_COSTS measures them (its fits added
+    to `fits`; calibrate itself measures the graphed ones), and the base's other runtimes carried, every field
+    marked unmeasured; the raw samples and provenance per runtime."""
     count = gpus or (0 if cpu else torch.cuda.device_count())
     every = tuple(f.name for f in dataclasses.fields(RuntimeCosts) if f.name != "unmeasured")
-    carried = {k: dataclasses.replace(v, unmeasured=every) for k, v in base.runtimes.items() if k not in names}
+    carried = {k: dataclasses.replace(v, unmeasured=every) for k, v in base.runtimes.items()
+               if k not in names and k not in profile.runtimes}
     measured, samples, meta = {}, {}, {k: "carried from the base profile" for k in carried}
-    for name in names:
+    for name in (n for n in names if n in RUNTIME_COSTS):
         measured[name], samples[name], runtime_fits, meta[name] = RUNTIME_COSTS[name](profile, cpu, count)
         fits |= runtime_fits
-    return dataclasses.replace(profile, runtimes={**carried, **measured}), samples, meta
+    return dataclasses.replace(profile, runtimes={**carried, **profile.runtimes, **measured}), samples, meta
 
 
 def conv_layers(cpu: bool) -> list[Layer]:
@@ -516,7 +525,8 @@ CONV_KINDS = ("conv", "down")
 
 
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
-              transformers: list[Model] | None = None) -> tuple[Profile, dict, dict[str, Fit]]:
+              transformers: list[Model] | None = None, runtimes: list[str] | tuple[str, ...] = (),
+              ) -> tuple[Profile, dict, dict[str, Fit]]:
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
@@ -577,6 +587,12 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
     profile = Profile(node, links, HostCosts(action_s, p2p_s), layers, collectives=collectives)
+    if "graphs" in runtimes:
+        from hw.graphcosts import calibrate_graphs
+
+        graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, host,
+                                                                 p2p_carried=count < 2)
+        profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     return with_op_costs(profile, op_costs), samples, fits
 
 

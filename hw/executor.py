@@ -224,9 +224,13 @@ class StageRunner:
 
     def _recv(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
-        buf = io.message_like(a)
+        buf = self._receive_buffer(a, io)
         with self._message_stream():
             st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
+
+    def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
+        """Where receive `a` lands: a new buffer each step (a graphed runner has static ones)."""
+        return io.message_like(a)
 
     @staticmethod
     def _await_message(recv: Action, st: StepState) -> None:

@@ -203,7 +203,8 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
             _profile_one_step(stepper, device, trace_path(config.trace, rank))
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
         out.append({"times": times[k], "per_op": per_op,
-                    "peak_memory_bytes": peaks[k] if device.type == "cuda" else None})
+                    "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
+                    "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
     return out
 
 
@@ -282,7 +283,8 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
         split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
         backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
         per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
-                          "peak_memory_bytes": results[rank]["peak_memory_bytes"]})
+                          "peak_memory_bytes": results[rank]["peak_memory_bytes"],
+                          "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
@@ -382,6 +384,8 @@ def _text(r: dict) -> str:
              f"  {'stage':>5} {'rank':>4} {'forward':>10} {'backward':>10}  peak memory"]
     for s in r["per_stage"]:
         mem = "-" if s["peak_memory_bytes"] is None else f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
+        if s.get("graph_pool_bytes"):
+            mem += f" (graphs' pool {s['graph_pool_bytes']['reserved'] / 2**20:.0f} MiB)"
         fwd = "-" if s["forward_s"] is None else f"{s['forward_s'] * 1e3:.3f} ms"
         bwd = "-" if s["backward_s"] is None else f"{s['backward_s'] * 1e3:.3f} ms"
         lines.append(f"  {s['stage']:>5} {s['rank']:>4} {fwd:>10} {bwd:>10}  {mem}")

@@ -215,9 +215,9 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
 
 
 def runtime_for(args: argparse.Namespace) -> Runtime:
-    """The runtime --runtime names, refusing what only hw's runner does (copy streams)."""
+    """The runtime --runtime names, refusing what only hw's runners do (copy streams)."""
     runtime = get_runtime(args.runtime)
-    if runtime is not EAGER and getattr(args, "copy_streams", False):
+    if not runtime.copy_streams and getattr(args, "copy_streams", False):
         raise ParsimError(f"--copy-streams is hw's runner's; the {runtime.name} runtime posts its messages itself")
     return runtime
 

@@ -21,6 +21,7 @@ SCHEMA = "parsim.profile"
 VERSION = 1
 LINK_NAMES = ("nvlink", "network", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 LAYER_OPS = ("forward", "backward_input", "backward_weight")
+ACCUMULATE = "accumulate"  # profile.kernels' gradient add: `.grad += g` over a stage, 3x its gradients' bytes moved
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class RuntimeCosts:
 
     Per compute action and per message posted; layer_host is the share of the layers' per-layer host
     cost it pays (1: it launches their kernels one by one, as eager PyTorch does; 0: it replays a
-    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's.
+    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's, and
+    gpu_fixed_scale, their fixed part's besides (CUDA graphs shorten the gaps, not the matmuls).
     `unmeasured` names the fields carried from elsewhere, not measured for this runtime.
     """
 
@@ -85,6 +87,9 @@ class RuntimeCosts:
     gpu_scale: float = 1.0
     step_s: float = 0.0  # once per step and rank: splitting the batch, resetting state, scaling gradients
     unmeasured: tuple[str, ...] = ()
+    gpu_fixed_scale: float = 1.0
+    accumulate_s: float = 0.0  # GPU time of one gradient add over a stage: accumulate_s + 3 x its gradient
+    accumulate_Bps: float = 0.0  # bytes / accumulate_Bps, after the stage's first gradient action (0: not modelled)
 
 
 @dataclass(frozen=True)
@@ -286,9 +291,11 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
+    optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps")
+                if k in doc}
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        _number(doc, "step_s", where, positive=False), tuple(unmeasured))
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), **optional)
 
 
 def _whole(doc: dict, key: str, where: str) -> int:
