@@ -36,8 +36,13 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
 
     def worker(rank: int) -> None:
         torch.set_num_threads(1)
-        job = make_job(rank)
-        job()  # warm-up
+        try:
+            job = make_job(rank)
+            job()  # warm-up
+        except BaseException as e:  # the parent hears of it at once, not after timeout_s
+            results.put((rank, f"{type(e).__name__}: {e}"))
+            ready.abort()
+            raise
         ready.wait(timeout=timeout_s)
         t0 = time.perf_counter()
         ends = []
@@ -53,14 +58,25 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
         ready.wait(timeout=timeout_s)
         out = dict(results.get(timeout=duration_s + timeout_s) for _ in procs)
     except Exception as e:  # noqa: BLE001 - a broken barrier or an empty queue: a worker died
+        for p in procs:  # a failed worker's reason is in the queue once it has exited
+            p.join(timeout=5)
+        said = [what for _, what in _drain(results) if isinstance(what, str)]
         codes = [p.exitcode for p in procs]
-        raise ParsimError(f"a worker of {processes} did not finish ({type(e).__name__}; exit codes {codes})") from None
+        raise ParsimError(f"a worker of {processes} did not finish ({'; '.join(said) or type(e).__name__}; "
+                          f"exit codes {codes})") from None
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
     return [out[r] for r in range(processes)]
+
+
+def _drain(queue) -> list:
+    out = []
+    while not queue.empty():
+        out.append(queue.get(timeout=1))
+    return out
 
 
 def rates(ends: list[list[float]]) -> list[float]:
@@ -70,8 +86,11 @@ def rates(ends: list[list[float]]) -> list[float]:
 
 def hogwild_job(model: nn.Module, tokens: int, hidden: int, lr: float = 1e-4) -> Callable[[int], Job]:
     """A process's training step on the shared `model`: its own random batch, MSE loss, SGD on the shared weights."""
-    warm = torch.zeros(1, requires_grad=True)  # the optimizer's first step imports seconds of modules: once, here,
-    warm.sum().backward()                      # before the fork, not in every worker
+    # the optimizer's first step imports seconds of modules: once, here, before the fork, not in every worker;
+    # no backward here: on a machine with GPUs that starts autograd's device threads, and a forked child can
+    # then run no backward at all ("Unable to handle autograd's threading in combination with fork")
+    warm = torch.zeros(1, requires_grad=True)
+    warm.grad = torch.zeros(1)
     torch.optim.SGD([warm], lr=lr).step()
 
     def make(rank: int) -> Job:

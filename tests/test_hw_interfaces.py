@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hw.gil import gil_costs, launch_loop_s, launch_times  # noqa: E402
-from hw.hogwild import hogwild_steps, probe_counts, rates  # noqa: E402
+from hw.hogwild import hogwild_steps, probe_counts, rates, run_processes  # noqa: E402
+from parsim.errors import ParsimError  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.scenarios import SCENARIOS, compare_figures  # noqa: E402
 
@@ -42,6 +43,17 @@ def test_a_tiny_hogwild_moves_the_shared_parameters():
     result = hogwild_steps("1x16x8", processes=2, duration_s=0.2)
     assert result["params_moved"]
     assert len(result["process_rates"]) == 2 and result["step_s"] > 0
+
+
+def _failing_job(rank: int):
+    if rank == 1:
+        raise RuntimeError("worker 1 cannot start")
+    return lambda: None
+
+
+def test_a_worker_that_fails_stops_the_run_at_once_with_its_reason():
+    with pytest.raises(ParsimError, match="worker 1 cannot start"):
+        run_processes(_failing_job, processes=2, duration_s=0.1, timeout_s=60)
 
 
 def test_rates_count_steps_between_first_and_last():
