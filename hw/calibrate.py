@@ -135,7 +135,8 @@ def host_stage(kind: str, layers: int, tokens: int) -> Model:
 
 
 def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
-                 rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True) -> list[dict]:
+                 rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True,
+                 split: bool = False) -> list[dict]:
     """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
 
     Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
@@ -143,19 +144,22 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
     (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
     Also the host time of an input-grad alone per layer, to split the backward's share (unless not
-    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages.
+    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages. With split, each depth also
+    runs a one-stage ZB-H1 step in the same rounds: its forward, input-grad and weight-grad spans (hw's split path:
+    forward hooks, a wider autograd.grad, one backward call per weighted module).
     """
     from hw.executor import local_runner
     from hw.measure import HostSpans
-    from parsim.schedules import Op, gpipe
+    from parsim.schedules import Op, gpipe, zb_h1
 
     stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]
     probes = []
     for k, model in stages:
-        runner, io = local_runner(model, gpipe(1, microbatches), device, dtype)
-        for step in range(3):
-            runner.step(io)
-        probes.append((k, model, runner, io, HostSpans()))
+        for schedule in [gpipe(1, microbatches)] + ([zb_h1(1, microbatches)] if split else []):
+            runner, io = local_runner(model, schedule, device, dtype)
+            for step in range(3):
+                runner.step(io)
+            probes.append((k, model, runner, io, HostSpans()))
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
             for k, model, runner, io, spans in probes:
@@ -163,6 +167,10 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     sync(device)
     rows = []
     for k, model, runner, io, spans in probes:
+        if spans.of(Op.BACKWARD_WEIGHT):  # the split probe of the depth just above
+            rows[-1]["split_s"] = sum(statistics.median(spans.of(op)) for op in
+                                      (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT))
+            continue
         rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
                      "backward_s": statistics.median(spans.of(Op.BACKWARD))})
         if not grad_calls:
@@ -188,6 +196,9 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     share = statistics.median(min(r["input_grad_call_s"] / r["full_grad_call_s"], 1.0) for r in rows)
     per_layer = {"forward_s": forward, "backward_input_s": backward * share, "backward_s": backward}
     action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
+    if all("split_s" in r for r in rows):  # what a split micro-batch costs per layer beyond a fused one
+        fits["split_s"] = fit_affine(depth, [r["split_s"] for r in rows])
+        per_layer["split_backward_s"] = max(1 / fits["split_s"].rate - forward - backward, 0.0)
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
@@ -541,7 +552,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     with tqdm(total=steps, desc="calibrating", file=sys.stderr) as progress:
         layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
-        host_rows = {"mlp": host_samples(device, dtype)}
+        host_rows = {"mlp": host_samples(device, dtype, split=True)}
         host, action_s, fits = host_costs(host_rows["mlp"])
         progress.update()
         hosts = {"mlp": host}
@@ -586,7 +597,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
-    profile = Profile(node, links, HostCosts(action_s, p2p_s), layers, collectives=collectives)
+    profile = Profile(node, links, HostCosts(action_s, p2p_s, split_backward_s=host.get("split_backward_s", 0.0)),
+                      layers, collectives=collectives)
     if "graphs" in runtimes:
         from hw.graphcosts import calibrate_graphs
 

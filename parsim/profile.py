@@ -68,6 +68,10 @@ class HostCosts:
     launch_s: float | None = None  # to launch one simple op such as `y = x + 1` (scenarios)
     sync_s: float | None = None  # torch.cuda.synchronize() on an idle GPU (scenarios)
     step_s: float = 0.0  # once per step and rank, after its last action (a runtime's bookkeeping; 0 for hw's)
+    # per layer, for a micro-batch whose backward is split into input-grad and weight-grad, beyond what its
+    # forward and a fused backward cost the host (hw's forward hooks, a wider autograd.grad, one backward call
+    # per weighted module); charged to its weight-grad action
+    split_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,8 @@ class Profile:
 
     def with_host_slower(self, factor: float) -> Profile:
         """This profile with every host cost (per action, per message, per layer) times `factor`."""
-        host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor)
+        host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
+                       split_backward_s=self.host.split_backward_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
@@ -252,8 +257,8 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     links_doc = _section(doc, "links", origin)
     links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
     host_doc = _section(doc, "host", origin)
-    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k != "step_s")
-                for k in ("launch_s", "sync_s", "step_s") if host_doc.get(k) is not None}
+    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k not in ("step_s", "split_backward_s"))
+                for k in ("launch_s", "sync_s", "step_s", "split_backward_s") if host_doc.get(k) is not None}
     host = HostCosts(_number(host_doc, "action_s", f"{origin}.host", positive=False),
                      _number(host_doc, "p2p_s", f"{origin}.host", positive=False), **optional)
     kernels = {}

@@ -116,6 +116,16 @@ def test_host_costs_split_per_layer_slope_from_per_action_intercept():
     assert not any(f.poor for f in fits.values())
 
 
+def test_a_split_backwards_extra_host_cost_per_layer_is_its_slope_beyond_forward_and_backward():
+    # a split micro-batch (F + I + W) costs 3 actions' intercepts and 100 + 250 + 80 us per layer
+    rows = [{"layers": k, "forward_s": 70e-6 + k * 100e-6, "backward_s": 60e-6 + k * 250e-6,
+             "input_grad_call_s": 40e-6 * k, "full_grad_call_s": 100e-6 * k,
+             "split_s": 200e-6 + k * 430e-6} for k in (1, 2, 4, 8)]
+    per_layer, _, fits = host_costs(rows)
+    assert per_layer["split_backward_s"] == pytest.approx(80e-6, rel=1e-4)
+    assert "host split" in fits
+
+
 def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():
     samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
                 "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]

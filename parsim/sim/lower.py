@@ -235,8 +235,10 @@ def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, lis
         for stage, cost in enumerate(costs):
             work = _work_of(Action(op, stage, 0), cost)
             chunks = max(work.chunks, 1)
-            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + work.host_s,
-                              profile.host.action_s + work.host_s / chunks))
+            host_s = work.host_s + (profile.host.split_backward_s * work.chunks
+                                    if op == ActionOp.BACKWARD_WEIGHT else 0.0)
+            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + host_s,
+                              profile.host.action_s + host_s / chunks))
     return table
 
 
