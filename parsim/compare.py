@@ -194,7 +194,31 @@ def error_table(points: list[Point]) -> str:
             lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "
                          f"{s['median_abs_error']:.1%}, worst {s['max_abs_error']:.1%}; "
                          f"worst speedup error {s['max_abs_speedup_error']:.1%}")
-    return "\n".join(lines + memory_lines(points))
+    return "\n".join(lines + ranking_lines(points) + memory_lines(points))
+
+
+def ranking_lines(points: list[Point]) -> list[str]:
+    """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
+    fastest and the one predicted fastest ("what should I run?" asked of the measured grid)."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        if not p.excluded:
+            groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime),
+                              []).append(p)
+    lines, right = [], 0
+    for (model, gpus, _, _, m, runtime), ps in groups.items():
+        if len({p.schedule for p in ps}) < 2:
+            continue
+        measured = min(ps, key=lambda p: p.measured_s)
+        predicted = min(ps, key=lambda p: p.predicted_s)
+        right += predicted is measured
+        miss = "" if predicted is measured else f", which measured {predicted.measured_s / measured.measured_s - 1:+.1%}"
+        lines.append(f"  {model}, {gpus} GPU(s), m={m}, {runtime}: measured fastest {measured.schedule} "
+                     f"({measured.measured_s * 1e3:.2f} ms), predicted fastest {predicted.schedule} "
+                     f"({predicted.predicted_s * 1e3:.2f} ms){miss}")
+    if not lines:
+        return []
+    return ["", f"fastest schedule: predicted right at {right} of {len(lines)} points", *lines]
 
 
 def memory_lines(points: list[Point]) -> list[str]:

@@ -242,13 +242,15 @@ def fill_measured(block: Block, refresh: bool) -> str:
 # --- accuracy -----------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)  # the README and docs/measurements.md share their CSVs
-def accuracy_cells(csv_path: Path) -> tuple[str, ...]:
-    """Points (GPU-bound), and median / worst error over all and over GPU-bound points, from the shipped profile."""
+def accuracy_cells(csv_path: Path, runtime: str | None = None) -> tuple[str, ...]:
+    """Points (GPU-bound), and median / worst error over all and over GPU-bound points, from the shipped profile;
+    only the points `runtime` ran where it is named."""
     from parsim.compare import mark_host_sensitive, read_points, repredict, summary
     from parsim.profile import load_profile
 
     shipped = load_profile(None)
-    points = mark_host_sensitive(repredict(read_points(csv_path), shipped), shipped)
+    points = [p for p in read_points(csv_path) if runtime is None or p.runtime == runtime]
+    points = mark_host_sensitive(repredict(points, shipped), shipped)
     every, bound = summary(points), summary([p for p in points if not p.host_sensitive])
     return (f"{every['points']} ({bound['points']})",
             *(f"{s['median_abs_error']:.1%} / {s['max_abs_error']:.1%}" for s in (every, bound)))
@@ -261,10 +263,10 @@ def fill_accuracy(block: Block, refresh: bool) -> str:
     rows = lines[:2]
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        link = re.search(r"\]\(([^)]+\.csv)\)", cells[1]) if len(cells) == 5 else None
+        link = re.search(r"\]\(([^)#]+\.csv)(?:#runtime=([\w-]+))?\)", cells[1]) if len(cells) == 5 else None
         if not link:
             raise DocError(f"an accuracy row has 5 columns and links a results CSV in its 2nd: {line!r}")
-        cells[2:] = accuracy_cells((block.path.parent / link[1]).resolve())
+        cells[2:] = accuracy_cells((block.path.parent / link[1]).resolve(), link[2])
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
