@@ -194,7 +194,7 @@ def error_table(points: list[Point]) -> str:
             lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "
                          f"{s['median_abs_error']:.1%}, worst {s['max_abs_error']:.1%}; "
                          f"worst speedup error {s['max_abs_speedup_error']:.1%}")
-    return "\n".join(lines + ranking_lines(points) + memory_lines(points))
+    return "\n".join(lines + memory_lines(points) + ranking_lines(points))
 
 
 def ranking_lines(points: list[Point]) -> list[str]:

@@ -13,6 +13,8 @@
 #     interfaces   scripts/measure-interfaces.sh: the GIL experiment and Hogwild with their calibration (issue 19)
 #     grid2        hw validate on 2 GPUs, runtimes hw,torch,graphs in turns: 16x2048x8192 and 16x512x4096, every
 #                  schedule torch also runs, at 4, 8, 16, 32 micro-batches (issues 12, 13, 18)
+#     splitgrid    hw validate on 2 GPUs, runtimes hw,torch,graphs: the split-backward schedules beside 1F1B at 8 and
+#                  32 micro-batches (host.split_backward_s)
 #   GPUS (default 1) is calibrate's GPU count: 2 or more also measures NVLink, all-reduce and torch's p2p costs.
 #   PROFILE (default: calibrate's output) is the profile the grids predict with.
 #   STEPS (default 8) and WARMUP (default 2) set validate's timed and warm-up steps.
@@ -76,6 +78,7 @@ for part in "$@"; do
     graphscheck) step 120 graphscheck python scripts/graphs_gpu_check.py "$work/graphs-check.json" ;;
     grid) grid grid hw,torch,graphs 16x512x4096,16x2048x8192 ;;
     bigrid) grid bigrid hw,torch 16x4096x16384 ;;
+    splitgrid) grid splitgrid hw,torch,graphs 16x512x4096,16x2048x8192 2 1f1b,zb-h1,zbv,dualpipev 8,32 200 ;;
     grid2) grid grid2 hw,torch,graphs 16x2048x8192,16x512x4096 2 gpipe,1f1b,interleaved-1f1b,zbv,dualpipev 4,8,16,32 \
              420 ;;
     transformer) step 400 transformer scripts/measure-transformer.sh "$work/transformer" ;;
