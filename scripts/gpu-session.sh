@@ -85,6 +85,7 @@ for part in "$@"; do
     interfaces) PYTHON=python step 300 interfaces scripts/measure-interfaces.sh "$work/interfaces" ;;
     *) echo "unknown part $part" | tee -a "$work/steps.txt" ;;
   esac
+  tar czf "$out/session.tgz" -C "$work" .  # after each part: a call cut off by its limit keeps what was done
 done
 tar czf "$out/session.tgz" -C "$work" . && cp "$work/steps.txt" "$out/steps.txt" 2>/dev/null
 ls -la "$out"
