@@ -1,4 +1,4 @@
-"""`python -m hw {measure,calibrate,scenario,validate}`: each subcommand lives in its own module."""
+"""`python -m hw {measure,calibrate,scenario,validate}`: run parsim's schedules with PyTorch, measure, calibrate."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 
 from parsim.cli import OneLineErrors, run_command
 
-# subcommand -> module exposing add_arguments(parser) and main(args) -> int
+# subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
 COMMANDS = {
-    "measure": ("hw.measure", "run the real pipeline and time it"),
-    "calibrate": ("hw.calibrate", "measure this machine and write a parsim profile"),
-    "scenario": ("hw.scenarios", "measure a textbook experiment that `parsim scenario` predicts"),
-    "validate": ("hw.validate", "measure a grid of pipeline steps, predict each, write CSV and plots"),
+    "measure": ("hw.measure", "How long does this pipeline step take on these GPUs (or on the CPU)?"),
+    "calibrate": ("hw.calibrate", "What does this machine cost (layers, host, links)? Writes a parsim profile."),
+    "scenario": ("hw.scenarios", "What does a textbook experiment measure here, beside parsim's prediction?"),
+    "validate": ("hw.validate", "How close are parsim's predictions to a grid of steps measured here?"),
 }
 
 
@@ -23,7 +23,7 @@ def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
     module = None
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)

@@ -1,13 +1,15 @@
 """`python -m hw calibrate`: measure this machine and write a parsim profile, with the raw samples.
 
 What it measures, each alone and with the GPU's own clock where the GPU is what is timed:
-  1. per layer (MlpBlock; with --conv also ConvBlock and DownBlock at each shape of the conv net): forward,
+  1. per layer (MlpBlock; with --conv also ConvBlock and DownBlock at each shape of the conv net; with
+     --transformer attention, decoder blocks, embeddings and heads: hw/calibrate_transformer.py): forward,
      input-grad and full-backward GPU time over micro-batch sizes (weight-grad = full - input-grad), fitted
      to fixed_s + flops / flops_per_s per kind and per shape;
   2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
-  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs.
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs;
+  6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.graphcosts).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
 """
 
@@ -33,12 +35,14 @@ from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, load_profile,
-                            save_profile)
+from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, RuntimeCosts,
+                            load_profile, save_profile)
 from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
 POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
+RUNTIME_PROBES = {"torch": "torch.distributed.pipelining's host costs (hw.torch_costs, ~30 s)",
+                  "graphs": "graphs and graphs-step: CUDA-graphed actions, or one graph per one-GPU step (~30 s)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,26 +135,31 @@ def host_stage(kind: str, layers: int, tokens: int) -> Model:
 
 
 def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
-                 rounds: int = 5) -> list[dict]:
+                 rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True,
+                 split: bool = False) -> list[dict]:
     """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
 
     Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
     it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
     The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
     (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
-    Also the host time of an input-grad alone per layer, to split the backward's share.
+    Also the host time of an input-grad alone per layer, to split the backward's share (unless not
+    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages. With split, each depth also
+    runs a one-stage ZB-H1 step in the same rounds: its forward, input-grad and weight-grad spans (hw's split path:
+    forward hooks, a wider autograd.grad, one backward call per weighted module).
     """
     from hw.executor import local_runner
     from hw.measure import HostSpans
-    from parsim.schedules import Op, gpipe
+    from parsim.schedules import Op, gpipe, zb_h1
 
+    stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]
     probes = []
-    for k in HOST_DEPTHS[kind]:
-        model = host_stage(kind, k, 8 * microbatches)
-        runner, io = local_runner(model, gpipe(1, microbatches), device, dtype)
-        for step in range(3):
-            runner.step(io)
-        probes.append((k, model, runner, io, HostSpans()))
+    for k, model in stages:
+        for schedule in [gpipe(1, microbatches)] + ([zb_h1(1, microbatches)] if split else []):
+            runner, io = local_runner(model, schedule, device, dtype)
+            for step in range(3):
+                runner.step(io)
+            probes.append((k, model, runner, io, HostSpans()))
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
             for k, model, runner, io, spans in probes:
@@ -158,15 +167,21 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     sync(device)
     rows = []
     for k, model, runner, io, spans in probes:
+        if spans.of(Op.BACKWARD_WEIGHT):  # the split probe of the depth just above
+            rows[-1]["split_s"] = sum(statistics.median(spans.of(op)) for op in
+                                      (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT))
+            continue
+        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
+                     "backward_s": statistics.median(spans.of(Op.BACKWARD))})
+        if not grad_calls:
+            continue
         x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
         y = runner.stages[0](x)
         g = torch.randn_like(y)
-        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
-                     "backward_s": statistics.median(spans.of(Op.BACKWARD)),
-                     "input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
+        rows[-1] |= {"input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
                                                    device, repeat=10),
                      "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
-                                                  device, repeat=10)})
+                                                  device, repeat=10)}
     return rows
 
 
@@ -181,6 +196,9 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     share = statistics.median(min(r["input_grad_call_s"] / r["full_grad_call_s"], 1.0) for r in rows)
     per_layer = {"forward_s": forward, "backward_input_s": backward * share, "backward_s": backward}
     action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
+    if all("split_s" in r for r in rows):  # what a split micro-batch costs per layer beyond a fused one
+        fits["split_s"] = fit_affine(depth, [r["split_s"] for r in rows])
+        per_layer["split_backward_s"] = max(1 / fits["split_s"].rate - forward - backward, 0.0)
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
@@ -208,6 +226,7 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
 
 IN_STEP_MODELS = {"mlp": lambda: mlp_model(16, 2048, 8192), "conv": lambda: conv_model()}  # one per family
 FAMILY = {"mlp": "mlp", "conv": "conv", "down": "conv"}  # layer kind -> the model its slowdown is timed on
+FAMILY |= {kind: "transformer" for kind in ("llama", "gpt", "attention", "embed", "head")}  # timed on --transformer's
 
 
 def _family(cost_key: str) -> str:
@@ -216,13 +235,14 @@ def _family(cost_key: str) -> str:
 
 
 def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch.device, dtype: torch.dtype,
-                      ) -> dict[str, dict]:
+                      models: dict[str, Model] | None = None) -> dict[str, dict]:
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
 
     The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the
     layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200 MLP blocks ran 12% slower in
     situ than their fits, conv blocks about 3% (data/validation/h200-2026-11-23-gpu-spans.json).
-    Every layer cost of the family is stretched by its factor; 1 on the CPU.
+    Every layer cost of the family is stretched by its factor; 1 on the CPU. models: a family's model, where
+    not IN_STEP_MODELS' (the transformer's comes from --transformer).
     """
     from parsim.workload import stage_costs
 
@@ -231,7 +251,7 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
         if device.type != "cuda":
             out[family] = {"factor": 1.0}
             continue
-        model = IN_STEP_MODELS[family]()
+        model = (models or {}).get(family) or IN_STEP_MODELS[family]()
         fitted = stage_costs(model, 1, 1, dataclasses.replace(base, layers=costs))[0]
         in_step = in_step_gpu_s(model, device, dtype)
         out[family] = {"model": model.name, "fitted_s": fitted.forward.gpu_s + fitted.backward.gpu_s,
@@ -386,6 +406,9 @@ def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, Coll
 
 # --- the command --------------------------------------------------------------------------------
 
+TRANSFORMERS = "llama-3.2-1b:2:2048,llama-3-8b:1:4096"  # --transformer's default models (the first: in-step)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -396,7 +419,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                             "processes talking over gloo, for tests)")
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
                                                        "its shapes at 4-256 images, and their host cost (~20 s more)")
+    p.add_argument("--transformer", nargs="?", const=TRANSFORMERS, metavar="MODELS",
+                   help="also cost transformer layers: causal flash attention over sequence lengths and head counts, "
+                        "and the decoder blocks, embeddings and heads of these models (specs or presets at a batch "
+                        f"and length, comma-separated; default {TRANSFORMERS}), and their host cost")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
+    p.add_argument("--interfaces", action="store_true",
+                   help="only what `parsim scenario data-parallel` and `hogwild` need (the GIL under launching "
+                        "threads, on GPU 0 or else with CPU ops; the CPU's cores and memory; a Hogwild step; "
+                        "~20 s), added to --base")
+    p.add_argument("--runtimes", default="", metavar="NAME,...",
+                   help="also the costs of these pipeline runtimes besides hw's runner (profile.runtimes): "
+                        f"{', '.join(f'{n}: {what}' for n, what in RUNTIME_PROBES.items())}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -405,32 +439,91 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(f"{out} exists; pass --force to overwrite it, or choose another --out")
     if not out.parent.is_dir():
         raise ParsimError(f"cannot write {out}: folder {out.parent} does not exist")
+    if args.interfaces:
+        from hw.interface_costs import calibrate_interfaces
+
+        return calibrate_interfaces(load_profile(args.base), out, args.cpu)
     if not args.cpu and not torch.cuda.is_available():
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
+    if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower
+        torch.set_num_threads(1)
     try:
         hidden = [int(h) for h in args.hidden.split(",") if h]
         assert hidden and min(hidden) > 0
     except (ValueError, AssertionError):
         raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
     base = load_profile(args.base)
-    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv)
+    transformers = None
+    if args.transformer:
+        from hw.calibrate_transformer import parse_models
+
+        transformers = parse_models(args.transformer)
+    runtimes = _runtime_names(args.runtimes)
+    profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers, runtimes)
+    profile, samples["runtimes"], runtime_meta = runtime_costs(profile, base, runtimes, fits, args.cpu, args.gpus)
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
-            "in_step_slowdown": samples["in_step_slowdown"],
+            "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
-    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]))
+    memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
+    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]),
+                                  gpu_memory_bytes=memory)
     samples_path = out.with_name(out.stem + ".samples.json")
     write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
     save_profile(profile, out)
     _report(fits, out, samples_path)
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} applied to their costs")
+    for name, costs in profile.runtimes.items():
+        if name in samples["runtimes"]:
+            print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
+                  f"per layer x{costs.layer_host:.3f} of hw's runner's, {costs.p2p_s * 1e6:.1f} us per message"
+                  + (f" (unmeasured: {', '.join(costs.unmeasured)})" if costs.unmeasured else ""))
+    if "graphs" in samples:
+        from hw.graphcosts import report_lines
+
+        print("\n".join(report_lines(samples["graphs"])))
     return 0
+
+
+def _torch_costs(profile: Profile, cpu: bool, gpus: int) -> tuple:
+    from hw.torch_costs import measure
+
+    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", "fp32" if cpu else "bf16", gpus)
+
+
+RUNTIME_COSTS = {"torch": _torch_costs}  # runtime -> (profile, cpu, gpus) -> (RuntimeCosts, samples, fits, meta)
+
+
+def _runtime_names(text: str) -> list[str]:
+    """--runtimes: those with a calibration here (hw's runner's costs are the profile's own, always measured)."""
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "hw"]
+    unknown = [n for n in names if n not in RUNTIME_PROBES]
+    if unknown:
+        raise ParsimError(f"no calibration for runtime(s) {', '.join(unknown)}; --runtimes takes: "
+                          f"{', '.join(['hw', *RUNTIME_PROBES])}")
+    return list(dict.fromkeys(names))
+
+
+def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[str, Fit], cpu: bool,
+                  gpus: int | None) -> tuple[Profile, dict, dict]:
+    """The profile with each named runtime's host costs measured where RUNTIME_COSTS measures them (its fits added
+    to `fits`; calibrate itself measures the graphed ones), and the base's other runtimes carried, every field
+    marked unmeasured; the raw samples and provenance per runtime."""
+    count = gpus or (0 if cpu else torch.cuda.device_count())
+    every = tuple(f.name for f in dataclasses.fields(RuntimeCosts) if f.name != "unmeasured")
+    carried = {k: dataclasses.replace(v, unmeasured=every) for k, v in base.runtimes.items()
+               if k not in names and k not in profile.runtimes}
+    measured, samples, meta = {}, {}, {k: "carried from the base profile" for k in carried}
+    for name in (n for n in names if n in RUNTIME_COSTS):
+        measured[name], samples[name], runtime_fits, meta[name] = RUNTIME_COSTS[name](profile, cpu, count)
+        fits |= runtime_fits
+    return dataclasses.replace(profile, runtimes={**carried, **profile.runtimes, **measured}), samples, meta
 
 
 def conv_layers(cpu: bool) -> list[Layer]:
@@ -443,6 +536,7 @@ CONV_KINDS = ("conv", "down")
 
 
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
+              transformers: list[Model] | None = None, runtimes: list[str] | tuple[str, ...] = (),
               ) -> tuple[Profile, dict, dict[str, Fit]]:
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
@@ -451,10 +545,14 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     shapes = conv_layers(cpu) if conv else []
     images = [2, 8, 32] if cpu else [4, 16, 64, 256]  # 256 images in 1-64 micro-batches: 4-256 per micro-batch
     steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 3 + (len(CONV_KINDS) if conv else 0)
+    if transformers:
+        from hw import calibrate_transformer
+
+        steps += calibrate_transformer.steps(transformers, cpu)
     with tqdm(total=steps, desc="calibrating", file=sys.stderr) as progress:
         layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
-        host_rows = {"mlp": host_samples(device, dtype)}
+        host_rows = {"mlp": host_samples(device, dtype, split=True)}
         host, action_s, fits = host_costs(host_rows["mlp"])
         progress.update()
         hosts = {"mlp": host}
@@ -464,7 +562,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
             progress.update()
         layers, layer_fits = fitted_costs(layer_rows, hosts)
-        load = in_step_slowdowns(layers, base, device, dtype)
+        if transformers:
+            more, more_fits, transformer_samples = calibrate_transformer.calibrate_transformer(
+                transformers, device, dtype, cpu, progress)
+            layers, layer_fits = layers | more, layer_fits | more_fits
+        load = in_step_slowdowns(layers, base, device, dtype,
+                                 {"transformer": calibrate_transformer.in_step_model(transformers)} if transformers
+                                 else None)
         layers = stretched(layers, load)
         fits |= layer_fits
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
@@ -479,6 +583,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
                "op_costs": op_costs}
     if conv:
         samples["host_by_kind"] = host_rows
+    if transformers:
+        samples["transformer"] = transformer_samples
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     if count >= 2:
@@ -491,7 +597,14 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
-    profile = Profile(node, links, HostCosts(action_s, p2p_s), layers, collectives=collectives)
+    profile = Profile(node, links, HostCosts(action_s, p2p_s, split_backward_s=host.get("split_backward_s", 0.0)),
+                      layers, collectives=collectives)
+    if "graphs" in runtimes:
+        from hw.graphcosts import calibrate_graphs
+
+        graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, host,
+                                                                 p2p_carried=count < 2)
+        profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     return with_op_costs(profile, op_costs), samples, fits
 
 

@@ -107,20 +107,22 @@ class StepIO:
     targets: list[torch.Tensor]  # per micro-batch, for the last stage
     total_rows: int  # rows of the whole batch: each micro-batch's loss is weighted by its share
     stage_shapes: tuple[tuple[int, ...], ...] = ()  # one sample of each stage's output; () as the input (MLP)
+    dtype: torch.dtype | None = None  # of the messages between stages; None: the input's (not token ids')
 
     def message_like(self, a: Action) -> torch.Tensor:
         """A buffer for receive `a`: stage s-1's output for RECV_F(s), the gradient of stage s's output for RECV_B(s)."""
         x = self.inputs[a.microbatch]
         if not self.stage_shapes:
-            return torch.empty_like(x)
-        return x.new_empty((x.shape[0], *self.stage_shapes[a.stage - 1 if a.op == Op.RECV_F else a.stage]))
+            return torch.empty_like(x, dtype=self.dtype)
+        shape = self.stage_shapes[a.stage - 1 if a.op == Op.RECV_F else a.stage]
+        return x.new_empty((x.shape[0], *shape), dtype=self.dtype)
 
 
 def split_batch(x: torch.Tensor, y: torch.Tensor, microbatches: int,
-                stage_shapes: tuple[tuple[int, ...], ...] = ()) -> StepIO:
+                stage_shapes: tuple[tuple[int, ...], ...] = (), dtype: torch.dtype | None = None) -> StepIO:
     if x.shape[0] % microbatches:
         raise ParsimError(f"a batch of {x.shape[0]} rows does not split into {microbatches} equal micro-batches")
-    return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0], stage_shapes)
+    return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0], stage_shapes, dtype)
 
 
 def stage_shapes(model, num_stages: int) -> tuple[tuple[int, ...], ...]:
@@ -222,9 +224,13 @@ class StageRunner:
 
     def _recv(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         peer, group = self._peer_group(a)
-        buf = io.message_like(a)
+        buf = self._receive_buffer(a, io)
         with self._message_stream():
             st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
+
+    def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
+        """Where receive `a` lands: a new buffer each step (a graphed runner has static ones)."""
+        return io.message_like(a)
 
     @staticmethod
     def _await_message(recv: Action, st: StepState) -> None:
@@ -318,19 +324,25 @@ def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dt
 
 def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Random inputs and targets, the same on every rank: (tokens, hidden) for an MLP stack, (images, C, S, S)
-    for a conv net (the first layer's input, the last layer's output)."""
+    for a conv net (the first layer's input, the last layer's output); token ids (sequences, seq) into a
+    transformer's embedding and out of its head."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn((model.tokens, *model.layers[0].in_shape), generator=g)
-    y = torch.randn((model.tokens, *model.layers[-1].out_shape), generator=g)
-    return x.to(device, dtype), y.to(device, dtype)
+    first, last = model.layers[0], model.layers[-1]
+    x = (torch.randint(first.shape.vocab, (model.tokens, *first.in_shape), generator=g) if first.kind == "embed"
+         else torch.randn((model.tokens, *first.in_shape), generator=g).to(dtype=dtype))
+    y = (torch.randint(last.shape.vocab, (model.tokens, last.shape.seq), generator=g) if last.kind == "head"
+         else torch.randn((model.tokens, *last.out_shape), generator=g).to(dtype=dtype))
+    return x.to(device), y.to(device)
 
 
 def local_runner(model, schedule: Schedule, device: torch.device, dtype: torch.dtype) -> tuple[StageRunner, StepIO]:
     """A one-rank schedule's runner, with every stage on this one device, and its batch: a step timed in this
     process, with no process group (calibrate's probes, the diagnostic scripts). Its modules are runner.stages."""
-    runner = StageRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {})
+    from hw.models import loss_for
+
+    runner = StageRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {}, loss_for(model))
     io = split_batch(*make_batch(model, device, dtype), schedule.num_microbatches,
-                     stage_shapes(model, schedule.num_stages))
+                     stage_shapes(model, schedule.num_stages), dtype)
     return runner, io
 
 
@@ -354,8 +366,10 @@ def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, d
     replica, q = divmod(rank, schedule.num_ranks)
     stages = stage_modules(model, schedule, q, device, dtype)
     sync = {s: GradSync(m, replicas[q], data_parallel) for s, m in stages.items()} if replicas else None
-    runner = StageRunner(schedule, q, stages, channels[replica], offset=replica * schedule.num_ranks, grad_sync=sync,
-                         copy_streams=copy_streams)
+    from hw.models import loss_for
+
+    runner = StageRunner(schedule, q, stages, channels[replica], loss_for(model), offset=replica * schedule.num_ranks,
+                         grad_sync=sync, copy_streams=copy_streams)
     return runner, stages, replica
 
 
@@ -365,7 +379,7 @@ def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, d
     microbatch_tokens(model, schedule.num_microbatches, data_parallel)  # the batch splits evenly, or one clear error
     x, y = make_batch(model, device, dtype)
     return split_batch(x.chunk(data_parallel)[replica], y.chunk(data_parallel)[replica], schedule.num_microbatches,
-                       stage_shapes(model, schedule.num_stages))
+                       stage_shapes(model, schedule.num_stages), dtype)
 
 
 def _fail_after(n: int) -> Callable[[Action, str], None]:
@@ -380,11 +394,14 @@ def _fail_after(n: int) -> Callable[[Action, str], None]:
 
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
-                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1) -> dict:
-    """One pipelined step: this rank's loss (last stage, its replica's share) and its parameters'
-    gradients (averaged over replicas) by global name."""
-    made = replica_groups(schedule, Groups(), data_parallel)
-    runner, stages, replica = replica_runner(schedule, model, rank, device, dtype, made, data_parallel)
+                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
+                         runtime: str = "hw") -> dict:
+    """One pipelined step run by `runtime` (hw.runners): this rank's loss (last stage, its replica's share) and
+    its parameters' gradients (averaged over replicas) by global name."""
+    from hw.runners import job_groups, runner_factory
+
+    made = job_groups(runtime, schedule, Groups(), data_parallel)
+    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel)
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)

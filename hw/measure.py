@@ -4,11 +4,15 @@ Warm-up steps first, then N timed steps, each between barriers with the device s
 median and spread of the step time, and peak memory per GPU; then one more step with a timer around
 each compute action (CUDA events; wall clock on the CPU) for per-stage forward and backward times.
 The speedup is over the same model on one device running the whole batch in one step.
+--runtime picks what runs the schedule (hw.runners: hw's runner, or torch.distributed.pipelining's);
+jobs can also be timed in turns, one step of each per round (hw validate --runtimes), so that the
+host's drift hits them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -24,14 +28,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hw.executor import Groups, replica_batch, replica_groups
-from hw.runners import runner_factory
+from hw.executor import Groups, replica_batch
+from hw.runners import check_runs, job_groups, pins_host, runner_factory
 from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.schedules import SCHEDULES, Action, Schedule, build, gpipe, schedule_name
-from parsim.cli import add_model_args, add_partition_args, model_from_args, split_model
+from parsim.schedules import SCHEDULES, Action, Schedule, gpipe, schedule_name
+from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, split_model
 from parsim.profile import load_profile
+from parsim.runtimes import get_runtime
 from parsim.workload import Model, microbatch_tokens, stage_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -114,62 +119,102 @@ class Job:
         return self.schedule.num_ranks * self.data_parallel
 
 
-def jobs_worker(rank: int, world: int, device: torch.device, jobs: list[Job]) -> list[dict | None]:
-    """Time every job in turn in this one process group, so a grid pays for start-up once."""
+Turn = tuple[Job, ...]  # jobs on the same ranks, timed in turns: one step of each per round
+
+
+def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) -> list[list[dict | None]]:
+    """Time every turn's jobs in this one process group, turn after turn, so a grid pays for start-up once."""
     groups = Groups()
     out = []
-    for job in tqdm(jobs, desc="measuring", file=sys.stderr, disable=rank != 0 or len(jobs) < 3):
-        made = replica_groups(job.schedule, groups, job.data_parallel)
-        team = groups(tuple(range(job.ranks))) if job.ranks > 1 else None
-        out.append(_time_job(rank, device, job, made, team) if rank < job.ranks else None)
+    for jobs in tqdm(turns, desc="measuring", file=sys.stderr, disable=rank != 0 or len(turns) < 3):
+        made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
+        ranks = jobs[0].ranks
+        team = groups(tuple(range(ranks))) if ranks > 1 else None
+        out.append(_time_turn(rank, device, jobs, made, team) if rank < ranks else [None] * len(jobs))
         if world > 1:
             dist.barrier()
     return out
 
 
-def _time_job(rank: int, device: torch.device, job: Job, made, team) -> dict:
-    """Warm up, then time steps between barriers; one more step, with per-action timers, for per-stage times.
+class _Stepper:
+    """One job's runner on this rank, with its batch: a call runs one training step."""
 
-    The timers stay out of the timed steps: on a host-bound pipeline their event records would show.
-    """
-    schedule, model, config = job.schedule, job.model, job.config
-    dtype = DTYPES[config.dtype]
-    runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
-                                                          job.data_parallel, job.copy_streams)
-    io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
-    params = [p for module in stages.values() for p in module.parameters()]
+    def __init__(self, rank: int, device: torch.device, job: Job, made):
+        schedule, model, dtype = job.schedule, job.model, DTYPES[job.config.dtype]
+        self.job = job
+        self.runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
+                                                                   job.data_parallel, job.copy_streams)
+        self.io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
+        self.params = [p for module in stages.values() for p in module.parameters()]
+        self.pinned = pins_host(self.runner)
 
-    def one_step(observe=None) -> None:
-        for p in params:
+    def __call__(self, observe=None) -> None:
+        for p in self.params:
             p.grad = None
-        runner.step(io, observe)
+        self.runner.step(self.io, observe)
+
+
+def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) -> list[dict]:
+    """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
+    host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
+
+    The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
+    that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
+    A job's peak memory is the process's during its steps: in a turn of several, the others' tensors count too.
+    """
+    steppers = [_Stepper(rank, device, job, m) for job, m in zip(jobs, made)]
 
     def settle() -> None:
         _sync(device)
         if team is not None:
             dist.barrier(group=team)
 
-    for _ in range(config.warmup):
-        one_step()
+    def pinned(stepper: _Stepper):
+        return host_pinned(device, local_rank(rank)) if stepper.pinned else contextlib.nullcontext()
+
+    for stepper in steppers:
+        for _ in range(stepper.job.config.warmup):
+            stepper()
+    times: list[list[float]] = [[] for _ in steppers]
+    peaks = [0] * len(steppers)
+    observe = _killer(rank)
+    for _ in range(max(job.config.steps for job in jobs)):
+        for k, stepper in enumerate(steppers):
+            if len(times[k]) == stepper.job.config.steps:
+                continue
+            with pinned(stepper):
+                _reset_peak(device)
+                settle()
+                t0 = time.perf_counter()
+                stepper(observe)
+                settle()
+                times[k].append(time.perf_counter() - t0)
+            peaks[k] = max(peaks[k], _peak(device))
+    out = []
+    for k, stepper in enumerate(steppers):
+        timer = ActionTimer(device)
+        with pinned(stepper):
+            _reset_peak(device)
+            stepper(timer)
+            settle()
+        peaks[k] = max(peaks[k], _peak(device))
+        config = stepper.job.config
+        if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
+            _profile_one_step(stepper, device, trace_path(config.trace, rank))
+        per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
+        out.append({"times": times[k], "per_op": per_op,
+                    "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
+                    "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
+    return out
+
+
+def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    observe = _killer(rank)
-    with host_pinned(device, local_rank(rank)):  # after warm-up: NCCL's threads exist and stay unbound
-        for _ in range(config.steps):
-            settle()
-            t0 = time.perf_counter()
-            one_step(observe)
-            settle()
-            times.append(time.perf_counter() - t0)
-        timer = ActionTimer(device)
-        one_step(timer)
-        settle()
-    if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
-        _profile_one_step(one_step, device, trace_path(config.trace, rank))
-    per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"times": times, "per_op": per_op, "peak_memory_bytes": peak}
+
+
+def _peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
 
 def _killer(rank: int):
@@ -208,9 +253,18 @@ def _profile_one_step(one_step, device: torch.device, path: str) -> None:
 
 
 def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[dict | None]]:
-    """Run `jobs` on `world` ranks; per job, each rank's timings (None on ranks the job does not use)."""
-    per_rank = spawn(jobs_worker, world, (jobs,), device, timeout_s, deadline_s=timeout_s * (4 + len(jobs)))
-    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+    """Run `jobs` on `world` ranks, one after another; per job, each rank's timings (None on ranks it does not use)."""
+    return [results for (results,) in measure_turns([(job,) for job in jobs], world, device, timeout_s)]
+
+
+def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float) -> list[list[list[dict | None]]]:
+    """Run each turn's jobs in turns (see _time_turn) on `world` ranks, turn after turn; per turn, per job, each
+    rank's timings (None on ranks it does not use)."""
+    if any(len({job.ranks for job in jobs}) != 1 for jobs in turns):
+        raise ValueError("the jobs of a turn run on the same ranks")
+    jobs = sum(len(t) for t in turns)
+    per_rank = spawn(jobs_worker, world, (turns,), device, timeout_s, deadline_s=timeout_s * (4 + jobs))
+    return [[[per_rank[r][t][j] for r in range(world)] for j in range(len(turn))] for t, turn in enumerate(turns)]
 
 
 def baseline_job(model: Model, config: Config) -> Job:
@@ -229,7 +283,8 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
         split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
         backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
         per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
-                          "peak_memory_bytes": results[rank]["peak_memory_bytes"]})
+                          "peak_memory_bytes": results[rank]["peak_memory_bytes"],
+                          "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
@@ -246,15 +301,20 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
 
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
-        data_parallel: int = 1, copy_streams: bool = False) -> dict:
-    """Measure `schedule` (on `data_parallel` replicas) and the one-device baseline; the report as plain data."""
-    job = Job(schedule, model, config, data_parallel, copy_streams)
+        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw") -> dict:
+    """Measure `schedule` (on `data_parallel` replicas) run by `runtime`, and the one-device baseline (hw's runner);
+    the report as plain data."""
+    job = Job(schedule, model, config, data_parallel, copy_streams, runtime)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, baseline[0], device)
 
 
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+PINNING_NOTE = ("hw's runner is timed with its host thread pinned to a core (HW_PIN=0 unpins it), the others "
+                "unpinned, as people run them")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -267,6 +327,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
+    add_runtime_arg(p, PINNING_NOTE)
     add_model_args(p)
     add_partition_args(p)
     p.add_argument("--profile", metavar="FILE", help="the profile --partition time balances by, as `parsim predict "
@@ -287,6 +348,7 @@ def _check(args: argparse.Namespace) -> None:
             raise ParsimError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.warmup < 0 or not args.timeout > 0:
         raise ParsimError("--warmup must be >= 0 and --timeout > 0")
+    check_runs(args.runtime, args.data_parallel, args.copy_streams)
     if not args.cpu:
         require_gpus(args.gpus)
 
@@ -296,15 +358,16 @@ def main(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
-    schedule = build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
+    runtime = get_runtime(args.runtime)
+    schedule = runtime.build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
     if schedule.num_stages > len(model.layers):
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
     microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
-    profile = load_profile(args.profile) if args.partition == "time" else None
+    profile = runtime.costs(load_profile(args.profile)) if args.partition == "time" else None
     model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
-                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams)
+                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return 0
 
@@ -312,6 +375,7 @@ def main(args: argparse.Namespace) -> int:
 def _text(r: dict) -> str:
     c = r["config"]
     replicas = f" ({c['data_parallel']} data-parallel replicas)" if c["data_parallel"] > 1 else ""
+    replicas += f", {c['runtime']} runtime" if c.get("runtime", "hw") != "hw" else ""
     lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}{replicas}, {c['microbatches']} micro-batches, "
              f"{c['model']}, {c['dtype']}",
              f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "
@@ -320,6 +384,8 @@ def _text(r: dict) -> str:
              f"  {'stage':>5} {'rank':>4} {'forward':>10} {'backward':>10}  peak memory"]
     for s in r["per_stage"]:
         mem = "-" if s["peak_memory_bytes"] is None else f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
+        if s.get("graph_pool_bytes"):
+            mem += f" (graphs' pool {s['graph_pool_bytes']['reserved'] / 2**20:.0f} MiB)"
         fwd = "-" if s["forward_s"] is None else f"{s['forward_s'] * 1e3:.3f} ms"
         bwd = "-" if s["backward_s"] is None else f"{s['backward_s'] * 1e3:.3f} ms"
         lines.append(f"  {s['stage']:>5} {s['rank']:>4} {fwd:>10} {bwd:>10}  {mem}")

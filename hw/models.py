@@ -1,4 +1,5 @@
-"""Reference models that `hw` runs; each layer matches a parsim.workload.Layer kind."""
+"""Reference models that `hw` runs; each layer matches a parsim.workload layer kind (the transformer's are in
+hw.transformer)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from parsim.workload import Model, stage_layers
+from hw.transformer import lm_loss, transformer_module
+from parsim.workload import Head, Layer, Model, stage_layers
 
 
 class MlpBlock(nn.Module):
@@ -58,11 +60,21 @@ class DownBlock(nn.Module):
 LAYER_KINDS = {"mlp": MlpBlock, "conv": ConvBlock, "down": DownBlock}  # each takes the layer's `hidden`
 
 
+def layer_module(layer) -> nn.Module:
+    """The module of one parsim layer: an MLP or conv block by its width, a transformer layer by its shape."""
+    return LAYER_KINDS[layer.kind](layer.hidden) if isinstance(layer, Layer) else transformer_module(layer)
+
+
+def loss_for(model: Model):
+    """The loss on the last stage's output: cross-entropy on a transformer's logits, else mean squared error."""
+    return lm_loss if isinstance(model.layers[-1], Head) else F.mse_loss
+
+
 def build_layer(model: Model, index: int, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
     """Layer `index` of `model`, drawn from its own seed: a stage builds only its layers, on its device."""
     torch.manual_seed(seed * 1_000_003 + index)
     with torch.device(device):
-        return LAYER_KINDS[model.layers[index].kind](model.layers[index].hidden)
+        return layer_module(model.layers[index])
 
 
 def build_layers(model: Model, seed: int = 0) -> list[nn.Module]:

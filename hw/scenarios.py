@@ -10,6 +10,7 @@ import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -129,8 +130,42 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     return scenario.figures(times)
 
 
-MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu}
-TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16}}
+def measure_data_parallel(device: torch.device, launches: int = 5000, rounds: int = 5) -> dict:
+    """The GIL experiment: 1-8 threads launching small kernels, each on its own stream of one GPU (or CPU ops).
+
+    nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
+    from hw.gil import ELEMENTS, launch_times
+    from hw.hogwild import machine
+    from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
+
+    before = machine()
+    times = launch_times(device, LAUNCH_THREADS, launches, rounds)
+    return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}),
+            "raw": {"launches": launches, "rounds": rounds, "elements": ELEMENTS[device.type],
+                    "machine_before": before, "machine_after": machine(),
+                    "times": {str(n): t for n, t in times.items()}}}
+
+
+def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 2,
+                    counts: tuple[int, ...] | None = None) -> dict:
+    """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused)."""
+    from hw.hogwild import machine, measure_hogwild as measure
+    from parsim.scenarios.interfaces import HOGWILD_MODEL, HOGWILD_PROCESSES, hogwild_ratios
+
+    spec = spec or HOGWILD_MODEL
+    before = machine()
+    runs = measure(spec, counts or HOGWILD_PROCESSES, duration_s, rounds)
+    return {"figures": hogwild_ratios({n: r["step_s"] for n, r in runs.items()}),
+            "raw": {"model": spec, "duration_s": duration_s, "rounds": rounds, "machine_before": before,
+                    "machine_after": machine(), "runs": {str(n): r for n, r in runs.items()}}}
+
+
+MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu,
+           "data-parallel": measure_data_parallel, "hogwild": measure_hogwild}
+TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16},
+        "data-parallel": {"launches": 100, "rounds": 2},
+        "hogwild": {"spec": "1x16x8", "duration_s": 0.2, "rounds": 1, "counts": (1, 2)}}
+ON_ANY_MACHINE = ("data-parallel", "hogwild")  # they run on the CPU where no GPU is visible, at full size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,16 +176,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.cpu and not torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    if not args.cpu and not gpu and args.name not in ON_ANY_MACHINE:
         raise ParsimError("no CUDA GPU is visible; run on a GPU machine, or pass --cpu for a smoke test")
-    device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
+    device = torch.device("cuda", 0) if gpu and not args.cpu and args.name != "hogwild" else torch.device("cpu")
+    raw = None
     if args.name in PIPELINE_SCENARIOS:
         figures = measure_pipeline_scenario(PIPELINE_SCENARIOS[args.name], args.cpu)
     else:
         figures = MEASURE[args.name](device, **(TINY[args.name] if args.cpu else {}))
+        if "figures" in figures:  # the scenario kept its raw timings too
+            figures, raw = figures["figures"], figures["raw"]
     result = {"scenario": args.name, "measured": figures, "device": _device_name(device),
               "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "python": platform.python_version(), "tiny": bool(args.cpu)}
+    if raw is not None:
+        result |= {"command": "python -m hw " + " ".join(sys.argv[1:]), "raw": raw}
     if not args.cpu:
         result["predicted"] = _predicted(args.name, args.profile)
     text = json.dumps(result, indent=2)

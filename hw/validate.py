@@ -14,15 +14,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hw.measure import Config, Job, baseline_job, measure_jobs, report
+from hw.calibrate import RUNTIME_COSTS
+from hw.measure import Config, Job, baseline_job, measure_turns, report
+from hw.runners import RUNNERS, check_runs
 from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
-from parsim.errors import ParsimError, ScheduleError
+from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.sim.predict import predict
 from parsim.profile import load_profile
-from parsim.schedules import SCHEDULES, build, schedule_name
-from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec
+from parsim.runtimes import get_runtime
+from parsim.schedules import SCHEDULES, schedule_name
+from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -48,12 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-parallel", default="1", metavar="D,...",
                    help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
     p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
+    p.add_argument("--runtimes", default="hw", metavar="NAME,...",
+                   help=f"what runs the schedules (parsim's runtimes hw runs: {', '.join(RUNNERS)}): each point is "
+                        "measured under each, in turns (a step of each per round), and predicted as that runtime runs "
+                        "it; hw's runner is timed with its host thread pinned, the others unpinned (default hw)")
     p.add_argument("--schedules", default="gpipe,1f1b")
     p.add_argument("--microbatches", default="1,2,4,8,16,32")
     p.add_argument("--models", default="16x2048x8192,8x256x1024",
                    help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
-                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8 (default: a compute-bound and "
-                        "a dispatch-bound MLP stack)")
+                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a transformer: "
+                        "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or PRESET:BATCH:SEQ (default: a "
+                        "compute-bound and a dispatch-bound MLP stack)")
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of calibrating first")
     p.add_argument("--out", default="validation", metavar="DIR", help="folder for the CSV, profile and plots")
     p.add_argument("--steps", type=int, default=10)
@@ -62,39 +70,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
 
 
-def _profile(args: argparse.Namespace, out: Path, conv: bool = False):
-    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net)."""
+def _profile(args: argparse.Namespace, out: Path, conv: bool = False, transformers: list[str] = (),
+             runtimes: tuple[str, ...] = ()):
+    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net, the transformer
+    layers' of the transformers' specs, and the host costs of each runtime other than hw's); one clear error if it
+    lacks a runtime's costs."""
     if args.profile:
-        return load_profile(args.profile), args.profile
-    path = out / "profile.json"
-    cmd = ([sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"] + (["--cpu"] if args.cpu else [])
-           + (["--conv"] if conv else []))
-    done = subprocess.run(cmd, text=True, stdout=sys.stderr)
-    if done.returncode:
-        raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
-    return load_profile(path), str(path)
+        profile, path = load_profile(args.profile), args.profile
+    else:
+        path = out / "profile.json"
+        others = [r for r in runtimes if r in RUNTIME_COSTS]  # those with costs of their own to measure
+        cmd = ([sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"]
+               + (["--cpu"] if args.cpu else []) + (["--conv"] if conv else [])
+               + (["--transformer", ",".join(transformers)] if transformers else [])
+               + (["--runtimes", ",".join(others)] if others else []))
+        done = subprocess.run(cmd, text=True, stdout=sys.stderr)
+        if done.returncode:
+            raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
+        profile, path = load_profile(path), str(path)
+    for name in runtimes:
+        get_runtime(name).costs(profile)
+    return profile, str(path)
+
+
+def _runtimes(text: str) -> tuple[str, ...]:
+    """--runtimes: parsim's runtimes that hw runs, in the order given."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ParsimError("--runtimes names none; it takes runtime names separated by commas, e.g. hw,torch")
+    for name in names:
+        get_runtime(name)
+        check_runs(name)
+    return names
 
 
 def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, replicas: int = 1,
-         copy_streams: bool = False) -> Job | None:
-    """A grid point, or None where it cannot run: GPUs that do not split into the replicas, a schedule
-    that refuses these sizes, more stages than layers, or tokens that do not split evenly."""
+         copy_streams: bool = False, runtime: str = "hw") -> Job | None:
+    """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas, a
+    schedule that refuses these sizes (or the runtime that), more stages than layers, or tokens that do not split
+    evenly."""
     if gpus % replicas or model.tokens % (microbatches * replicas):
         return None
     try:
-        schedule = build(name, gpus // replicas, microbatches)
-    except ScheduleError:
+        check_runs(runtime, replicas, copy_streams)
+        schedule = get_runtime(runtime).build(name, gpus // replicas, microbatches)
+    except ParsimError:
         return None
     if schedule.num_stages > len(model.layers):
         return None
-    return Job(schedule, model, config, replicas, copy_streams)
+    return Job(schedule, model, config, replicas, copy_streams, runtime)
 
 
 def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
     """One CSV row: the point, its measured median and spread, and parsim's prediction."""
     s, model = job.schedule, job.model
-    predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel)
+    predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel, get_runtime(job.runtime))
     c = measured["config"]
+    measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
+    samples = microbatch_tokens(model, s.num_microbatches, job.data_parallel)
     return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
             "layers": len(model.layers), "hidden": model.layers[0].hidden, "tokens": model.tokens,  # for old readers
             "measured_s": measured["step_time_s"],
@@ -102,13 +135,18 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
             "measured_single_gpu_s": measured["single_device_step_s"],
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
+            # the most any GPU holds: weights, gradients made in the step, activations and working memory
+            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none")),
+            "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
+            "runtime": job.runtime,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams", "dtype",
-                                                             "device", "torch", "date", "profile"])
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
+                                                             "runtime", "dtype", "device", "torch", "date", "profile",
+                                                             "predicted_peak_bytes", "measured_peak_bytes"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -125,30 +163,35 @@ def main(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as e:
         raise ParsimError(str(e)) from None
     models = _models(args.models)
+    runtimes = _runtimes(args.runtimes)
     if not args.cpu:
         require_gpus(max(gpus))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile, profile_path = _profile(args, out, any(m.layers[0].kind != "mlp" for m in models))
+    transformers = [model_spec(m) for m in models if m.transformer is not None]
+    profile, profile_path = _profile(args, out, any(m.layers[0].kind in ("conv", "down") for m in models),
+                                     transformers, runtimes)
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
-    grid = [(model, [job for p in gpus for d, c in variants for s in schedules for m in mbs
-                     if (job := _job(s, p, m, model, config, d, c))]) for model in models]
-    if not any(jobs for _, jobs in grid):
+    grid = [(model, [turn for p in gpus for d, c in variants for s in schedules for m in mbs
+                     if (turn := tuple(job for r in runtimes if (job := _job(s, p, m, model, config, d, c, r))))])
+            for model in models]
+    if not any(turns for _, turns in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
                           "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
                           "divisible by GPUs)")
     csv_path, rows = out / "results.csv", []
-    for model, jobs in grid:  # one process group per model; the CSV grows after each
-        if not jobs:
+    for model, turns in grid:  # one process group per model; the CSV grows after each
+        if not turns:
             continue
-        world = max(job.ranks for job in jobs)
-        *measured, (baseline, *_) = measure_jobs(jobs + [baseline_job(model, config)], world, device, args.timeout)
+        world = max(turn[0].ranks for turn in turns)
+        *measured, ((baseline, *_),) = measure_turns(turns + [(baseline_job(model, config),)], world, device,
+                                                     args.timeout)
         rows += [_row(job, report(job, result, baseline, device), profile, profile_path)
-                 for job, result in zip(jobs, measured)]
+                 for turn, results in zip(turns, measured) for job, result in zip(turn, results)]
         _write_csv(csv_path, rows)
-    table, plots = compare(csv_path, out)
+    table, plots = compare(csv_path, out, host_profile=profile)
     print(table)
     print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
     write_atomic(out / "summary.json", json.dumps({"points": len(rows), "profile": profile_path}, indent=2) + "\n")

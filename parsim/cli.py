@@ -19,8 +19,8 @@ from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, run
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
-from parsim.workload import (PARTITIONS, Model, check_balance, conv_model, load_model, mlp_model,
-                             model_from_spec, partitioned)
+from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
+                             model_from_spec, named_model, partitioned)
 
 
 def _positive_int(text: str) -> int:
@@ -46,11 +46,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
                                                        "64-512 channels on 56x56 to 7x7 maps")
     g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
-    g.add_argument("--model", metavar="FILE", help="a model JSON file instead of the flags above")
+    g.add_argument("--model", metavar="FILE|NAME", help="a model JSON file, a Hugging Face config.json or a preset "
+                                                        f"({', '.join(PRESETS)}) instead of the flags above")
+    g.add_argument("--seq-len", type=_positive_int, metavar="N", help="tokens per sequence, with a transformer --model")
+    g.add_argument("--global-batch", type=_positive_int, metavar="B",
+                   help="sequences per step, all micro-batches and replicas, with a transformer --model")
 
 
 def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None:
     """How layers split into stages: equal counts, balanced by the profile's time per layer, or given."""
+    if not balance:  # plan: it may try both splits
+        p.add_argument("--partition", choices=(*PARTITIONS, "both"), default="both",
+                       help="stages of equal layer counts, of balanced time per the profile, or each (default both)")
+        return
     p.add_argument("--partition", choices=PARTITIONS, default="equal",
                    help="stages of equal layer counts, or of balanced time per the profile (default equal)")
     if balance:
@@ -64,14 +72,16 @@ def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: s
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
-    add_runtime_arg(p, runtime)
+    add_runtime_arg(p, default=runtime)
 
 
-def add_runtime_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_RUNTIME) -> None:
-    """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw`."""
+def add_runtime_arg(p: argparse.ArgumentParser, note: str = "", default: str | None = DEFAULT_RUNTIME) -> None:
+    """--runtime: what runs the schedule (parsim.runtimes), shared with `python -m hw` (which adds a note);
+    default None: every runtime the profile has costs for (plan)."""
     shown = runtime_help() if default else runtime_help().rsplit(" (default", 1)[0] + \
         " (default: every runtime the profile has costs for)"
-    p.add_argument("--runtime", type=runtime_name, default=default, metavar="NAME", help=shown)
+    p.add_argument("--runtime", type=runtime_name, default=default, metavar="NAME",
+                   help=shown + (f"; {note}" if note else ""))
 
 
 def model_from_args(args: argparse.Namespace) -> Model:
@@ -81,7 +91,9 @@ def model_from_args(args: argparse.Namespace) -> Model:
         given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
         if given:
             raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
-        return load_model(args.model)
+        return named_model(args.model, args.seq_len, args.global_batch)
+    if args.seq_len is not None or args.global_batch is not None:
+        raise ParsimError("--seq-len and --global-batch go with a transformer --model (a config or a preset)")
     if args.conv:
         if mlp_flags:
             raise ParsimError(f"--conv takes --images, not {', '.join(mlp_flags)}")
@@ -110,11 +122,24 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+QUESTIONS = {  # each command's --help opens with what it answers
+    "predict": "How long does one training step take, and where do the GPUs idle?",
+    "sweep": "How do step time and bubble change over schedules and micro-batch counts?",
+    "plan": "What should I run? Every configuration that fits, ranked by step time.",
+    "scenario": "What does the model predict for a textbook experiment (hw scenario)?",
+    "compare": "How far are the predictions from measured steps or a profiled timeline?",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="python -m parsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
 
-    p = sub.add_parser("predict", help="predict one training step")
+    p = _command(sub, "predict")
     p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
                    help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
     p.add_argument("--gpus", type=_positive_int, default=4, help="GPUs in all (default 4)")
@@ -128,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write the timeline as a Chrome/Perfetto trace (JSON)")
     p.add_argument("--plot", metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
 
-    s = sub.add_parser("sweep", help="predict over schedules and micro-batch counts; print a table")
+    s = _command(sub, "sweep")
     s.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
     s.add_argument("--gpus", type=_positive_int, default=4)
     s.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D")
@@ -138,22 +163,26 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(s)
     s.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
-    pl = sub.add_parser("plan", help="rank schedules and micro-batch counts by predicted step time")
+    pl = _command(sub, "plan")
     pl.add_argument("--gpus", type=_positive_int, default=4)
-    pl.add_argument("--memory-limit", type=float, metavar="GB", help="GPU memory per device, in GB (10^9 bytes)")
+    pl.add_argument("--memory-limit", type=float, metavar="GB",
+                    help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
+    pl.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                    help="state held per parameter: mixed-precision Adam, or none (weights and gradients, as "
+                         "`hw measure` runs; default adam)")
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
     pl.add_argument("--jobs", type=_positive_int, metavar="N", help="processes simulating at once (default: all cores)")
     _add_model_args(pl, balance=False, runtime=None)
 
-    sc = sub.add_parser("scenario", help="a textbook experiment, simulated (see `python -m hw scenario`)")
+    sc = _command(sub, "scenario")
     sc.add_argument("name", choices=sorted(SCENARIOS))
     sc.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped one)")
     add_runtime_arg(sc)
     sc.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("compare", help="predicted vs measured: error table and plots from a results CSV")
+    c = _command(sub, "compare")
     c.add_argument("--measured", metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
     c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
@@ -190,9 +219,9 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
 
 
 def runtime_for(args: argparse.Namespace) -> Runtime:
-    """The runtime --runtime names, refusing what only hw's runner does (copy streams)."""
+    """The runtime --runtime names, refusing what only hw's runners do (copy streams)."""
     runtime = get_runtime(args.runtime)
-    if runtime is not EAGER and getattr(args, "copy_streams", False):
+    if not runtime.copy_streams and getattr(args, "copy_streams", False):
         raise ParsimError(f"--copy-streams is hw's runner's; the {runtime.name} runtime posts its messages itself")
     return runtime
 
@@ -248,27 +277,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
-    limit = args.memory_limit * 1e9 if args.memory_limit else None
     profile, model = load_profile(args.profile), model_from_args(args)
+    limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
     runtimes = [runtime_for(args)] if args.runtime else None
     found = search(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtimes[0] if runtimes else None),
-                   args.partition, runtimes, args.top, args.jobs or default_jobs(), progress=True)
+                   args.partition, runtimes, args.top, args.jobs or default_jobs(), progress=True,
+                   optimizer=args.optimizer)
     fits, too_big = found.fits, found.too_big
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
+    print(f"memory per GPU: {OPTIMIZERS[args.optimizer]}, plus peak activations and working memory; limit "
+          + (f"{limit / 1e9:.1f} GB" + ("" if args.memory_limit else " (the profile's GPU)") if limit else
+             "none (the profile does not record its GPU's memory: pass --memory-limit GB)"))
     if not fits and not too_big:
         raise ParsimError("no configuration can run this model on these GPUs")
     if not fits:
         smallest = min(too_big, key=lambda c: c.memory_bytes)
-        raise ParsimError(f"no configuration fits in {args.memory_limit} GB per GPU; the smallest, "
+        raise ParsimError(f"no configuration fits in {limit / 1e9:g} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
-    print(f"{'rank':>4}  {'runtime':<8} {'configuration':<34} {'step time':>11} {'speedup':>8} {'bubble':>7} "
+    width = max([34] + [len(c.label) for c in fits[: args.top]])
+    print(f"{'rank':>4}  {'runtime':<11} {'configuration':<{width}} {'step time':>11} {'speedup':>8} {'bubble':>7} "
           f"{'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
-        print(f"{i:>4}  {c.runtime:<8} {c.label:<34} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
+        print(f"{i:>4}  {c.runtime:<11} {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
-          f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule refuses, "
+          f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule or runtime refuses, "
           f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)")
     if args.trace:
         from parsim.outputs.trace import write_trace
@@ -278,7 +312,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
                                  best.virtual_stages if best.schedule in VIRTUAL else None)
         split = replace(model, balance=best.balance)
-        copy_streams = args.copy_streams and runtime is EAGER
+        copy_streams = args.copy_streams and runtime.copy_streams
         write_trace(predict(schedule, split, profile, copy_streams, best.data_parallel, runtime)[1], args.trace)
     return 0
 
@@ -293,7 +327,10 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     else:
         result = SCENARIOS[args.name](load_profile(args.profile))
     if args.json:
-        print(json.dumps({"name": result.name, "headline": result.headline, "figures": result.figures}, indent=2))
+        doc = {"name": result.name, "headline": result.headline, "figures": result.figures}
+        if result.assumptions:
+            doc["assumptions"] = list(result.assumptions)
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
@@ -301,6 +338,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                  else fmt_time(value))
         mark = "   <- headline" if key == result.headline else ""
         print(f"  {key:<34} {shown:>12}{mark}")
+    for line in result.assumptions:
+        print(f"assumes: {line}")
     return 0
 
 

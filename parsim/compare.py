@@ -52,6 +52,15 @@ class Point:
     host_sensitive: bool = False  # see the module's docstring
     spec: str = ""  # the model's spec; "": the MLP stack of layers, hidden and tokens
     runtime: str = "hw"  # what ran it (parsim.runtimes)
+    predicted_peak_bytes: int = 0  # the most memory any GPU holds in the step; 0: not in the CSV (or not measured)
+    measured_peak_bytes: int = 0
+
+    @property
+    def memory_error(self) -> float | None:
+        """Relative error of the predicted peak memory, where both are known."""
+        if not (self.predicted_peak_bytes and self.measured_peak_bytes):
+            return None
+        return self.predicted_peak_bytes / self.measured_peak_bytes - 1
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -112,9 +121,10 @@ def read_points(path: str | Path) -> list[Point]:
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
             runtime = (row.get("runtime") or "hw").strip()
             get_runtime(runtime)
+            peaks = {c: int(float(row.get(c) or 0)) for c in ("predicted_peak_bytes", "measured_peak_bytes")}
             point = Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
                           data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
-                          runtime=runtime, **times)
+                          runtime=runtime, **times, **peaks)
             point.workload()  # a bad spec is this line's error, not a later one's
             points.append(point)
         except (TypeError, ValueError, ParsimError) as e:
@@ -184,7 +194,46 @@ def error_table(points: list[Point]) -> str:
             lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "
                          f"{s['median_abs_error']:.1%}, worst {s['max_abs_error']:.1%}; "
                          f"worst speedup error {s['max_abs_speedup_error']:.1%}")
-    return "\n".join(lines)
+    return "\n".join(lines + memory_lines(points) + ranking_lines(points))
+
+
+def ranking_lines(points: list[Point]) -> list[str]:
+    """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
+    fastest and the one predicted fastest ("what should I run?" asked of the measured grid)."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        if not p.excluded:
+            groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime),
+                              []).append(p)
+    lines, right = [], 0
+    for (model, gpus, _, _, m, runtime), ps in groups.items():
+        if len({p.schedule for p in ps}) < 2:
+            continue
+        measured = min(ps, key=lambda p: p.measured_s)
+        predicted = min(ps, key=lambda p: p.predicted_s)
+        right += predicted is measured
+        miss = "" if predicted is measured else f", which measured {predicted.measured_s / measured.measured_s - 1:+.1%}"
+        lines.append(f"  {model}, {gpus} GPU(s), m={m}, {runtime}: measured fastest {measured.schedule} "
+                     f"({measured.measured_s * 1e3:.2f} ms), predicted fastest {predicted.schedule} "
+                     f"({predicted.predicted_s * 1e3:.2f} ms){miss}")
+    if not lines:
+        return []
+    return ["", f"fastest schedule: predicted right at {right} of {len(lines)} points", *lines]
+
+
+def memory_lines(points: list[Point]) -> list[str]:
+    """Predicted against measured peak memory per point, where the CSV has both (a GPU run)."""
+    known = [p for p in points if p.memory_error is not None]
+    if not known:
+        return []
+    lines = ["", f"peak memory per GPU: {'schedule':<24} {'m':>4} {'measured':>10} {'predicted':>10} {'error':>7}"]
+    for p in known:
+        lines.append(f"{'':<21}{p.label:<24} {p.microbatches:>4} {p.measured_peak_bytes / 2**30:>6.2f}GiB "
+                     f"{p.predicted_peak_bytes / 2**30:>6.2f}GiB {p.memory_error:>+7.1%}")
+    errors = [abs(p.memory_error) for p in known]
+    lines.append(f"peak memory: {len(known)} points: median |error| {statistics.median(errors):.1%}, "
+                 f"worst {max(errors):.1%}")
+    return lines
 
 
 def plot_step_times(points: list[Point], path: Path) -> None:
@@ -239,19 +288,20 @@ def plot_speedups(points: list[Point], path: Path) -> None:
 
 
 def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None,
-            runtime: str | None = None) -> tuple[str, list[Path]]:
+            runtime: str | None = None, host_profile=None) -> tuple[str, list[Path]]:
     """The error table, and the two plots written into out_dir (default: the CSV's folder).
 
     With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as
     run by that runtime (else each point's own); the CSV's own predictions are left aside. Host
-    sensitivity is judged with that profile, or the shipped one.
+    sensitivity is judged with that profile, else host_profile (`hw validate`: the one it predicted
+    with), else the shipped one.
     """
     from parsim.profile import load_profile
 
     points = read_points(csv_path)
     if profile is not None or runtime is not None:
-        points = repredict(points, profile or load_profile(), runtime)
-    points = mark_host_sensitive(points, profile or load_profile())
+        points = repredict(points, profile or host_profile or load_profile(), runtime)
+    points = mark_host_sensitive(points, profile or host_profile or load_profile())
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")

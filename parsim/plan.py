@@ -1,7 +1,8 @@
 """Search configurations for a model and GPU count; rank them by predicted step time.
 
 Candidates: every runtime the profile can cost, every schedule it runs, power-of-two micro-batch counts,
-virtual stages 2 and 4 for the schedules that take them, and every data-parallel degree that divides the GPUs.
+virtual stages 2 and 4 for the schedules that take them, every data-parallel degree that divides the GPUs,
+and each split asked for (equal layer counts, balanced by time, or both).
 
 The search simulates only what can win. Each configuration's floor (parsim.sim.bounds: a step time no
 simulation of it can beat, from closed forms) orders the search; once the top K are known, a
@@ -9,8 +10,9 @@ configuration whose floor is above the K-th best's time cannot enter them and is
 top K are the exhaustive search's. A configuration over the memory limit is screened out before it is
 simulated. Configurations are simulated in parallel, one process per core.
 
-Memory per GPU is the stage's peak activations plus its weights, gradients and optimizer state, taken as
-mixed-precision Adam: 16 bytes per parameter (bf16 weights and gradients, fp32 master weights and two moments).
+Memory per GPU is its weights, gradients and optimizer state (mixed-precision Adam by default:
+16 bytes per parameter, bf16 weights and gradients, fp32 master weights and two moments) plus the
+most activations and working memory its program holds at once (parsim.workload.memory).
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ from dataclasses import dataclass, replace
 from parsim.errors import ParsimError, ProfileError, ScheduleError
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
+from parsim.runtimes.eager import EAGER
 from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.dataparallel import gradient_buckets
-from parsim.sim.lower import peak_held_bytes
 from parsim.sim.predict import Prediction, predict
-from parsim.workload import Model, partitioned, stage_costs, stage_layers
+from parsim.workload import Model, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
 
-OPTIMIZER_BYTES_PER_PARAM = 16
+OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
+SPLITS = {"equal": ("equal",), "time": ("time",), "both": ("equal", "time")}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class Search:
     too_big: list[Candidate]  # over the memory limit, not simulated
     considered: int
     pruned: int  # not simulated: their floor is above the K-th best step time
-    cannot_run: int  # the schedule refuses these sizes
+    cannot_run: int  # the schedule (or the runtime) refuses these sizes
     simulated: int
     seconds: float
     jobs: int
@@ -94,13 +97,11 @@ def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank:
     return held
 
 
-def memory_bytes(schedule: Schedule, model: Model, profile: Profile, data_parallel: int = 1) -> int:
-    """The most any one GPU needs for `model` split across `schedule`'s stages: its peak activations plus
-    OPTIMIZER_BYTES_PER_PARAM per parameter it holds. The one memory model: plan screens and reports with it."""
-    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, profile, data_parallel)
-    held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
-    params = params_per_gpu(model, schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank)
-    return max(h + OPTIMIZER_BYTES_PER_PARAM * n for h, n in zip(held, params))
+def memory_bytes(schedule: Schedule, model: Model, data_parallel: int = 1, optimizer: str = "adam") -> int:
+    """The most any one GPU needs for `model` split across `schedule`'s stages (parsim.workload.memory, with
+    the optimizer's state): what plan screens and reports."""
+    samples = microbatch_tokens(model, schedule.num_microbatches, data_parallel)
+    return max(rank_peak_bytes(model, schedule, samples, optimizer))
 
 
 def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
@@ -123,13 +124,14 @@ def costed_runtimes(profile: Profile) -> list[Runtime]:
 def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
            max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal") -> list[Shape]:
     """Every configuration to consider, with its floor, in enumeration order: runtimes, data-parallel degrees
-    (where the profile can cost an all-reduce), schedules, micro-batch counts, virtual stages; no more stages
-    than layers, and several stages per GPU only where there are several GPUs. Nothing is built."""
+    (where the profile can cost an all-reduce), schedules, micro-batch counts, virtual stages, splits (each of
+    `partition`'s once, where they differ); no more stages than layers, and several stages per GPU only where
+    there are several GPUs. Nothing is built."""
     dp_ok = data_parallel and "allreduce" in profile.collectives
     out: list[Shape] = []
     for runtime in runtimes:
         run_profile = runtime.costs(profile)
-        costs_of: dict[tuple[int, int, int], tuple[tuple[int, ...] | None, list]] = {}
+        splits_of: dict[tuple[int, int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
         names = [n for n in (schedules or runtime.schedules()) if n in runtime.schedules()]
         for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if dp_ok else (1,):
             pp = gpus // dp
@@ -141,28 +143,40 @@ def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], s
                         if stages > len(model.layers) or (pp == 1 and stages > 1):
                             continue
                         key = (stages, m, dp)
-                        if key not in costs_of:
-                            split = partitioned(model, partition, stages, m, run_profile, dp)
-                            costs_of[key] = split.balance, stage_costs(split, stages, m, run_profile, dp)
-                        balance, costs = costs_of[key]
-                        floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
-                                             gradient_buckets(costs) if dp > 1 else None)
-                        out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
+                        if key not in splits_of:
+                            splits_of[key] = _splits(model, partition, stages, m, run_profile, dp)
+                        for balance, costs in splits_of[key]:
+                            floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
+                                                 gradient_buckets(costs) if dp > 1 else None)
+                            out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
     return out
 
 
-_CONTEXT: tuple[Model, Profile, float | None] | None = None  # a worker's: what every configuration shares
+def _splits(model: Model, partition: str, stages: int, m: int, profile: Profile, dp: int
+            ) -> list[tuple[tuple[int, ...] | None, list]]:
+    """(balance, stage costs) of each split `partition` asks for, once per layer counts (a time split may be the
+    equal one: the first asked for is kept)."""
+    out: dict[tuple[int, ...], tuple[tuple[int, ...] | None, list]] = {}
+    for how in SPLITS[partition]:
+        split = partitioned(model, how, stages, m, profile, dp)
+        counts = tuple(map(len, stage_layers(split, stages)))
+        if counts not in out:
+            out[counts] = split.balance, stage_costs(split, stages, m, profile, dp)
+    return list(out.values())
 
 
-def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None) -> None:
+_CONTEXT: tuple[Model, Profile, float | None, str] | None = None  # a worker's: what every configuration shares
+
+
+def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None, optimizer: str) -> None:
     """A worker process: Ctrl-C is the parent's to handle (it stops the workers)."""
     global _CONTEXT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _CONTEXT = model, profile, memory_limit_bytes
+    _CONTEXT = model, profile, memory_limit_bytes, optimizer
 
 
-def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: float | None = None
-             ) -> Candidate | None:
+def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: float | None = None,
+             optimizer: str = "adam") -> Candidate | None:
     """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
     schedule refuses these sizes."""
     runtime = RUNTIMES[shape.runtime]
@@ -172,7 +186,7 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
     split = replace(model, balance=shape.balance)
-    memory = memory_bytes(schedule, split, runtime.costs(profile), shape.data_parallel)
+    memory = memory_bytes(schedule, split, shape.data_parallel, optimizer)
     prediction = None
     if memory_limit_bytes is None or memory <= memory_limit_bytes:
         prediction, _ = predict(schedule, split, profile, data_parallel=shape.data_parallel, runtime=runtime)
@@ -188,7 +202,7 @@ def _evaluate_in_worker(shape: Shape) -> Candidate | None:
 def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
            schedules: list[str] | None = None, partition: str = "equal", runtimes: list[Runtime] | None = None,
            top: int | None = None, jobs: int = 1, progress: bool = False, max_microbatches: int = 256,
-           data_parallel: bool = True) -> Search:
+           data_parallel: bool = True, optimizer: str = "adam") -> Search:
     """The `top` fastest configurations under the memory limit (all of them where top is None), simulating only
     those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes."""
     start = time.perf_counter()
@@ -216,7 +230,7 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
     ordered = sorted(todo, key=lambda s: (s.floor_s, s.index))
     floors = [s.floor_s for s in ordered]
     with _progress(len(todo), progress) as bar:
-        for shape, found in _run(ordered, can_win, model, profile, memory_limit_bytes, jobs):
+        for shape, found in _run(ordered, can_win, (model, profile, memory_limit_bytes, optimizer), jobs):
             if found is _PRUNED:
                 counts["pruned"] += 1
                 continue
@@ -233,19 +247,20 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
 _PRUNED = object()  # _run's mark for a configuration it did not simulate
 
 
-def _run(ordered: list[Shape], can_win, model: Model, profile: Profile, memory_limit_bytes: float | None,
+def _run(ordered: list[Shape], can_win, context: tuple[Model, Profile, float | None, str],
          jobs: int) -> Iterator[tuple[Shape, object]]:
     """(shape, candidate or None or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
-    turn comes (checked again before a queued one starts), on `jobs` worker processes (1: in this one)."""
+    turn comes (checked again before a queued one starts), on `jobs` worker processes (1: in this one);
+    `context`: evaluate's arguments after the shape."""
     if jobs <= 1:
         for k, shape in enumerate(ordered):
             if not can_win(shape):  # floors only rise from here: nothing after it can win either
                 for rest in ordered[k:]:
                     yield rest, _PRUNED
                 return
-            yield shape, evaluate(shape, model, profile, memory_limit_bytes)
+            yield shape, evaluate(shape, *context)
         return
-    pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(model, profile, memory_limit_bytes))
+    pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=context)
     try:
         pending: dict[Future, Shape] = {}
         queue = iter(ordered)
@@ -310,22 +325,25 @@ def default_jobs() -> int:
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,
                max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
-               runtime: Runtime | None = None) -> list[Candidate]:
+               optimizer: str = "adam", runtime: Runtime | None = EAGER) -> list[Candidate]:
     """Every configuration that can run, predicted (the exhaustive search), fastest first; those that cannot are
-    skipped, not errors.
+    skipped, not errors. runtime None: every runtime the profile can cost.
 
     Data-parallel degrees are tried only where the profile can cost an all-reduce; each configuration's
-    layers are split as `partition` says ("equal", or "time": balanced at its micro-batch size).
+    layers are split as `partition` says ("equal", "time": balanced at its micro-batch size, or "both",
+    each once where they differ). Memory per GPU holds the optimizer's state (see parsim.workload.memory).
     """
     return search(model, gpus, profile, None, schedules, partition, [runtime] if runtime else None,
-                  max_microbatches=max_microbatches, data_parallel=data_parallel).fits
+                  max_microbatches=max_microbatches, data_parallel=data_parallel, optimizer=optimizer).fits
 
 
 def plan(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
-         schedules: list[str] | None = None, partition: str = "equal",
-         runtime: Runtime | None = None) -> tuple[list[Candidate], list[Candidate]]:
-    """(fitting, too big): every configuration under the memory limit, fastest first, and the rest."""
-    found = search(model, gpus, profile, memory_limit_bytes, schedules, partition, [runtime] if runtime else None)
+         schedules: list[str] | None = None, partition: str = "equal", optimizer: str = "adam",
+         runtime: Runtime | None = EAGER) -> tuple[list[Candidate], list[Candidate]]:
+    """(fitting, too big): every configuration under the memory limit, fastest first, and the rest (not simulated).
+    runtime None: every runtime the profile can cost."""
+    found = search(model, gpus, profile, memory_limit_bytes, schedules, partition, [runtime] if runtime else None,
+                   optimizer=optimizer)
     if not found.fits and not found.too_big:
         raise ParsimError("no configuration can run this model on these GPUs")
     return found.fits, found.too_big

@@ -21,6 +21,7 @@ SCHEMA = "parsim.profile"
 VERSION = 1
 LINK_NAMES = ("nvlink", "network", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 LAYER_OPS = ("forward", "backward_input", "backward_weight")
+ACCUMULATE = "accumulate"  # profile.kernels' gradient add: `.grad += g` over a stage, 3x its gradients' bytes moved
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class HostCosts:
     launch_s: float | None = None  # to launch one simple op such as `y = x + 1` (scenarios)
     sync_s: float | None = None  # torch.cuda.synchronize() on an idle GPU (scenarios)
     step_s: float = 0.0  # once per step and rank, after its last action (a runtime's bookkeeping; 0 for hw's)
+    # per layer, for a micro-batch whose backward is split into input-grad and weight-grad, beyond what its
+    # forward and a fused backward cost the host (hw's forward hooks, a wider autograd.grad, one backward call
+    # per weighted module); charged to its weight-grad action
+    split_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,8 @@ class RuntimeCosts:
 
     Per compute action and per message posted; layer_host is the share of the layers' per-layer host
     cost it pays (1: it launches their kernels one by one, as eager PyTorch does; 0: it replays a
-    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's.
+    stage's kernels in one graph launch); gpu_scale, its layers' GPU time against eager PyTorch's, and
+    gpu_fixed_scale, their fixed part's besides (CUDA graphs shorten the gaps, not the matmuls).
     `unmeasured` names the fields carried from elsewhere, not measured for this runtime.
     """
 
@@ -85,6 +91,9 @@ class RuntimeCosts:
     gpu_scale: float = 1.0
     step_s: float = 0.0  # once per step and rank: splitting the batch, resetting state, scaling gradients
     unmeasured: tuple[str, ...] = ()
+    gpu_fixed_scale: float = 1.0
+    accumulate_s: float = 0.0  # GPU time of one gradient add over a stage: accumulate_s + 3 x its gradient
+    accumulate_Bps: float = 0.0  # bytes / accumulate_Bps, after the stage's first gradient action (0: not modelled)
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,55 @@ class KernelCost:
 
 
 @dataclass(frozen=True)
+class GilCosts:
+    """How Python threads of one process share its interpreter lock while they launch (`hw calibrate --interfaces`).
+
+    launch_s: host time of one launch with one thread alone; contended_launch_s: host time per launch of all
+    threads together while `threads` of them launch at once (the GIL-bound pace). DataParallel's Python
+    costs beside them: starting and joining a thread, and replicating one module onto one GPU (GPU only).
+    """
+
+    launch_s: float
+    contended_launch_s: float
+    threads: int
+    thread_s: float
+    replicate_module_s: float | None = None
+    source: str = ""
+
+    @property
+    def held_s(self) -> float:
+        """The part of a launch that holds the GIL: at most the launch, at most the contended pace."""
+        return min(self.contended_launch_s, self.launch_s)
+
+    @property
+    def released_s(self) -> float:
+        """The part that runs without it (dispatch and the driver's launch), as far as contention shows it."""
+        return self.launch_s - self.held_s
+
+    @property
+    def handoff_s(self) -> float:
+        """What contention adds to each launch beyond the launch alone (waking the next thread), if anything."""
+        return max(self.contended_launch_s - self.launch_s, 0.0)
+
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """The CPU's cores and memory, and one Hogwild training step on them (`hw calibrate --interfaces`).
+
+    core_speed: busy cores -> a core's speed then against one busy alone (all-core clocks, shared caches);
+    step_s: one process's training step of `step_model` alone, one intra-op thread.
+    """
+
+    cores: int
+    core_speed: dict[int, float]
+    core_bandwidth_Bps: float  # one core streaming alone
+    bandwidth_Bps: float  # every core streaming at once
+    step_s: float
+    step_model: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything the simulator needs to know about one node type and the model's layers."""
 
@@ -125,6 +183,9 @@ class Profile:
     kernels: dict[str, KernelCost] = field(default_factory=dict)  # optional: for the scenarios
     collectives: dict[str, CollectiveSpec] = field(default_factory=dict)  # optional: for data parallelism
     runtimes: dict[str, RuntimeCosts] = field(default_factory=dict)  # optional: runtimes other than hw's runner
+    gpu_memory_bytes: int | None = None  # optional: one GPU's memory (torch's total_memory), plan's default limit
+    gil: GilCosts | None = None  # optional: for the data-parallel scenario
+    cpu: CpuCosts | None = None  # optional: for the hogwild scenario
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -139,7 +200,8 @@ class Profile:
 
     def with_host_slower(self, factor: float) -> Profile:
         """This profile with every host cost (per action, per message, per layer) times `factor`."""
-        host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor)
+        host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
+                       split_backward_s=self.host.split_backward_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
@@ -150,6 +212,9 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
+        for key in ("gil", "cpu", "gpu_memory_bytes"):  # optional: absent, not null, where unmeasured
+            if doc[key] is None:
+                del doc[key]
         return doc
 
 
@@ -192,8 +257,8 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     links_doc = _section(doc, "links", origin)
     links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
     host_doc = _section(doc, "host", origin)
-    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k != "step_s")
-                for k in ("launch_s", "sync_s", "step_s") if host_doc.get(k) is not None}
+    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k not in ("step_s", "split_backward_s"))
+                for k in ("launch_s", "sync_s", "step_s", "split_backward_s") if host_doc.get(k) is not None}
     host = HostCosts(_number(host_doc, "action_s", f"{origin}.host", positive=False),
                      _number(host_doc, "p2p_s", f"{origin}.host", positive=False), **optional)
     kernels = {}
@@ -218,17 +283,52 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     if "runtimes" in doc:
         for name, spec in _section(doc, "runtimes", origin).items():
             runtimes[name] = _runtime_costs(spec, f"{origin}.runtimes.{name}")
+    memory = doc.get("gpu_memory_bytes")
+    memory = None if memory is None else int(_number(doc, "gpu_memory_bytes", origin))
+    gil = _gil(_section(doc, "gil", origin), f"{origin}.gil") if "gil" in doc else None
+    cpu = _cpu(_section(doc, "cpu", origin), f"{origin}.cpu") if "cpu" in doc else None
     return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes)
+                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes=runtimes,
+                   gpu_memory_bytes=memory, gil=gil, cpu=cpu)
 
 
 def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
+    optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps")
+                if k in doc}
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        _number(doc, "step_s", where, positive=False), tuple(unmeasured))
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), **optional)
+
+
+def _whole(doc: dict, key: str, where: str) -> int:
+    value = doc.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _gil(doc: dict, where: str) -> GilCosts:
+    replicate = doc.get("replicate_module_s")
+    return GilCosts(_number(doc, "launch_s", where), _number(doc, "contended_launch_s", where),
+                    _whole(doc, "threads", where), _number(doc, "thread_s", where, positive=False),
+                    None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
+                    str(doc.get("source", "")))
+
+
+def _cpu(doc: dict, where: str) -> CpuCosts:
+    speeds = _section(doc, "core_speed", where)
+    try:
+        core_speed = {int(n): _number(speeds, n, f"{where}.core_speed") for n in speeds}
+    except ValueError:
+        raise ProfileError(f"{where}.core_speed must map busy-core counts to speeds, got {speeds!r}") from None
+    if 1 not in core_speed:
+        raise ProfileError(f"{where}.core_speed has no speed for 1 busy core")
+    return CpuCosts(_whole(doc, "cores", where), core_speed, _number(doc, "core_bandwidth_Bps", where),
+                    _number(doc, "bandwidth_Bps", where), _number(doc, "step_s", where),
+                    str(doc.get("step_model", "")), str(doc.get("source", "")))
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

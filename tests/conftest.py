@@ -38,3 +38,14 @@ def equal_stages(p: int, t_f: float, t_b: float, send_bytes: int = 1 << 20, stas
 @pytest.fixture
 def free_profile() -> Profile:
     return make_profile()
+
+
+TRANSFORMER_KEYS = ("llama", "gpt", "attention", "embed", "head")
+
+
+def transformer_profile(rates: dict[str, float] | None = None, fixed_s: float = 0.0, host_s: float = 0.0) -> Profile:
+    """make_profile with every transformer cost key at 1e12 work/s (or `rates`' per key), fixed_s and host_s each op."""
+    rates = rates or {}
+    costs = {k: LayerCosts(*[OpCost(host_s, fixed_s, rates.get(k, 1e12))] * 3) for k in TRANSFORMER_KEYS}
+    profile = make_profile()
+    return Profile(profile.gpus_per_node, profile.links, profile.host, {**profile.layers, **costs}, meta=profile.meta)

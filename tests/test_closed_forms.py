@@ -145,3 +145,22 @@ def test_looped_bfs_has_interleavings_step_once_there_are_p_microbatches(p, v, f
     for m in range(p, 3 * p + 1):
         sim = simulate(build("looped-bfs", p, m, v), equal_stages(p * v, t_f / v, t_b / v), free_profile)
         assert sim.step_time_s == pytest.approx(m * (t_f + t_b) + (p - 1) * (t_f + t_b) / v, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zbv", "1f1b"])
+def test_a_split_backwards_extra_host_cost_lengthens_a_host_bound_step_by_layers_times_microbatches(name):
+    """GPU work free, the host sets the pace: every split micro-batch adds its layers' extra once, a fused one
+    nothing."""
+    from dataclasses import replace
+
+    from conftest import make_profile
+
+    layers, m, split_s = 8, 4, 1e-3
+    model = mlp_model(layers=layers, hidden=8, tokens=16)
+    base = make_profile(action_s=1e-4, layer_host_s=1e-4)
+    split = replace(base, host=replace(base.host, split_backward_s=split_s))
+    schedule = build(name, 1 if name == "zb-h1" else 2, m)
+    gpus = schedule.num_ranks
+    extra = (predict(schedule, model, split)[0].step_time_s - predict(schedule, model, base)[0].step_time_s)
+    expected = 0.0 if name == "1f1b" else m * layers / gpus * split_s
+    assert extra == pytest.approx(expected, rel=1e-6, abs=1e-12)

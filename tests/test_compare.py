@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parsim.compare import mark_host_sensitive, read_points, repredict, summary
+from parsim.compare import Point, mark_host_sensitive, ranking_lines, read_points, repredict, summary
 from parsim.errors import ParsimError
 
 FIXTURE = Path(__file__).parent / "data" / "results-fixture.csv"
@@ -23,6 +23,20 @@ def test_summary_leaves_out_excluded_points_and_reports_median_and_worst():
     errors = sorted(abs(p.predicted_s / p.measured_s - 1) for p in points if not p.excluded)
     assert s["median_abs_error"] == pytest.approx(errors[2])
     assert s["max_abs_error"] == pytest.approx(errors[-1])
+
+
+def _timed(schedule: str, m: int, measured_s: float, predicted_s: float) -> Point:
+    return Point(schedule, 2, m, 16, 2048, 8192, measured_s, measured_s, measured_s, 1.0, predicted_s, 1.0)
+
+
+def test_ranking_says_where_the_predicted_fastest_schedule_is_not_the_measured_fastest_and_by_how_much():
+    points = [_timed("gpipe", 4, 0.030, 0.031), _timed("1f1b", 4, 0.032, 0.033),  # right
+              _timed("gpipe", 8, 0.050, 0.041), _timed("1f1b", 8, 0.040, 0.042),  # wrong: gpipe is 25% slower
+              _timed("gpipe", 16, 0.09, 0.08)]  # one schedule: nothing to rank
+    lines = ranking_lines(points)
+    assert lines[1] == "fastest schedule: predicted right at 1 of 2 points"
+    assert lines[2].endswith("predicted fastest gpipe (31.00 ms)")
+    assert "m=8" in lines[3] and lines[3].endswith("predicted fastest gpipe (41.00 ms), which measured +25.0%")
 
 
 def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
@@ -161,3 +175,24 @@ def test_a_bad_model_spec_names_the_line(tmp_path):
     rows[1]["model"] = "conv:eight"
     with pytest.raises(ParsimError, match="line 3: bad model spec 'conv:eight'"):
         read_points(_write(tmp_path / "r.csv", rows))
+
+
+def test_peak_memory_is_compared_where_a_row_has_both_predicted_and_measured(tmp_path):
+    from parsim.compare import error_table
+
+    rows = list(csv.DictReader(FIXTURE.open()))
+    peaks = [(110, 100), (90, 100), (103, 100), ("", ""), (200, "")]  # GiB: +10%, -10%, +3%, none, not measured
+    for row, (predicted, measured) in zip(rows, peaks):
+        row["predicted_peak_bytes"] = predicted and predicted * 2**30
+        row["measured_peak_bytes"] = measured and measured * 2**30
+    path = tmp_path / "r.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    points = read_points(path)
+    assert [p.memory_error for p in points[:5]] == [pytest.approx(0.1), pytest.approx(-0.1), pytest.approx(0.03),
+                                                    None, None]
+    table = error_table(points)
+    assert "peak memory: 3 points: median |error| 10.0%, worst 10.0%" in table
+    assert "peak memory" not in error_table(read_points(FIXTURE))  # a CSV without the columns: no such section

@@ -12,10 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
+from hw.calibrate_transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
-from parsim.workload import conv_model, partitioned  # noqa: E402
+from parsim.workload import conv_model, model_from_spec, partitioned  # noqa: E402
 
 
 def _calibrate(*argv: str) -> subprocess.CompletedProcess:
@@ -24,7 +25,8 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
 
 def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     out = tmp_path / "p.json"
-    r = _calibrate("--cpu", "--gpus", "2", "--conv", "--out", str(out))
+    r = _calibrate("--cpu", "--gpus", "2", "--conv", "--runtimes", "torch", "--out", str(out),
+                   "--transformer", "llama:4:16:2:32:4:2:64:128")
     assert r.returncode == 0, r.stderr
     profile = load_profile(out)
     assert profile.links["nvlink"].measured and profile.links["h2d_pinned"].measured
@@ -44,6 +46,26 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     split = partitioned(model, "time", 2, 4, profile)
     prediction, _ = predict(build("1f1b", 2, 4), split, profile)
     assert sum(split.balance) == 3 and prediction.step_time_s > 0 and prediction.sample == "image"
+    # --transformer: attention per head dim, the block's matmuls, embedding and head per shape, each kind overall
+    assert {"attention", "attention@d8", "llama", "llama@32x64", "embed@128x32", "head@32x128"} <= profile.layers.keys()
+    assert profile.layers["llama"].forward.host_s > 0 and profile.layers["attention"].forward.host_s == 0
+    assert "attention@d8 backward_input" in samples["meta"]["fits"] and samples["samples"]["transformer"]["attention"]
+    assert profile.gpu_memory_bytes is None  # a CPU run: no GPU memory to record
+    model = model_from_spec("llama:4:16:2:32:4:2:64:128")
+    prediction, _ = predict(build("gpipe", 2, 2), partitioned(model, "time", 2, 2, profile), profile)
+    assert prediction.step_time_s > 0 and prediction.sample == "sequence"
+    # --runtimes torch: torch's runtime's host costs, fitted and checked, messages posted through its own path
+    torch_costs = profile.runtimes["torch"]
+    assert torch_costs.layer_host > 0 and "p2p_s" not in torch_costs.unmeasured and torch_costs.p2p_s > 0
+    assert samples["meta"]["runtimes"]["torch"]["checked_on"] == "Interleaved1F1B"
+    assert {"host torch", "host hw in turns"} <= samples["meta"]["fits"].keys() and "torch runtime:" in r.stdout
+    rows = samples["samples"]["runtimes"]["torch"]["probes"]
+    assert {(row["runtime"], row["schedule"]) for row in rows} == {("hw", "gpipe"), ("torch", "gpipe"),
+                                                                   ("torch", "1f1b"), ("torch", "interleaved-1f1b")}
+    predicted = subprocess.run([sys.executable, "-m", "parsim", "predict", "--runtime", "torch", "--schedule",
+                                "interleaved-1f1b", "--gpus", "2", "--profile", str(out), "--json"],
+                               capture_output=True, text=True)
+    assert predicted.returncode == 0 and json.loads(predicted.stdout)["step_time_s"] > 0, predicted.stderr
 
 
 def test_calibrate_never_overwrites_without_force(tmp_path):
@@ -52,6 +74,11 @@ def test_calibrate_never_overwrites_without_force(tmp_path):
     r = _calibrate("--cpu", "--out", str(out))
     assert r.returncode == 2 and "exists; pass --force" in r.stderr
     assert out.read_text() == "mine"
+
+
+def test_calibrate_refuses_a_runtime_it_has_no_calibration_for(tmp_path):
+    r = _calibrate("--cpu", "--runtimes", "tf", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "no calibration for runtime(s) tf" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_calibrate_without_a_gpu_says_so():
@@ -89,6 +116,16 @@ def test_host_costs_split_per_layer_slope_from_per_action_intercept():
     assert not any(f.poor for f in fits.values())
 
 
+def test_a_split_backwards_extra_host_cost_per_layer_is_its_slope_beyond_forward_and_backward():
+    # a split micro-batch (F + I + W) costs 3 actions' intercepts and 100 + 250 + 80 us per layer
+    rows = [{"layers": k, "forward_s": 70e-6 + k * 100e-6, "backward_s": 60e-6 + k * 250e-6,
+             "input_grad_call_s": 40e-6 * k, "full_grad_call_s": 100e-6 * k,
+             "split_s": 200e-6 + k * 430e-6} for k in (1, 2, 4, 8)]
+    per_layer, _, fits = host_costs(rows)
+    assert per_layer["split_backward_s"] == pytest.approx(80e-6, rel=1e-4)
+    assert "host split" in fits
+
+
 def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():
     samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
                 "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]
@@ -115,3 +152,29 @@ def test_layer_costs_are_fitted_per_kind_and_per_shape():
     assert costs["conv@64x56"].forward.flops_per_s == pytest.approx(4e14, rel=1e-3)
     assert costs["conv@512x7"].backward_weight.flops_per_s == pytest.approx(1e14, rel=1e-3)
     assert {"forward", "forward@64", "conv forward", "conv@512x7 backward_weight"} <= fits.keys()
+
+
+def test_attention_is_fitted_per_head_dim_and_a_blocks_matmul_part_is_the_block_less_its_attention():
+    """Timings made from known costs come back: the attention core alone (no weights, no host), then blocks
+    whose forward and input-grad hold that core: their matmul part is what remains."""
+    attention_rows = [{"key": "attention@d128", "forward_flops": f, "backward_flops": 2.5 * f,
+                       "forward_s": 3e-6 + f / 4e14, "backward_s": 5e-6 + 2.5 * f / 3e14} for f in (1e9, 1e10, 1e11)]
+    attention, fits = attention_costs(attention_rows)
+    assert attention["attention@d128"].forward.flops_per_s == pytest.approx(4e14, rel=1e-3)
+    assert attention["attention"].backward_input.fixed_s == pytest.approx(5e-6, rel=1e-2)
+    assert attention["attention@d128"].forward.host_s == 0 and "attention@d128 backward_input" in fits
+    core = attention["attention@d128"]
+    rows = [{"kind": "llama", "key": "llama@2048x8192", "attention_key": "attention@d128",
+             "work": [mm, mm, mm], "attention_work": [a, 2.5 * a, 0.0],
+             "forward_s": 1e-5 + mm / 6e14 + core.forward.gpu_s(a),
+             "backward_input_s": 2e-5 + mm / 5e14 + core.backward_input.gpu_s(2.5 * a),
+             "backward_s": 2e-5 + mm / 5e14 + core.backward_input.gpu_s(2.5 * a) + 3e-5 + mm / 7e14}
+            for mm, a in ((1e11, 1e10), (4e11, 8e10), (1.6e12, 6.4e11))]
+    host = {"llama": {"forward": 1e-4, "backward_input": 2e-4, "backward_weight": 5e-5}}
+    costs, _ = transformer_costs(rows, attention, host)
+    block = costs["llama@2048x8192"]
+    assert block.forward.flops_per_s == pytest.approx(6e14, rel=1e-3)
+    assert block.forward.fixed_s == pytest.approx(1e-5, rel=1e-2)
+    assert block.backward_input.flops_per_s == pytest.approx(5e14, rel=1e-3)
+    assert block.backward_weight.flops_per_s == pytest.approx(7e14, rel=1e-3)
+    assert (block.forward.host_s, block.backward_weight.host_s) == (1e-4, 5e-5) and costs["llama"] == block

@@ -69,3 +69,29 @@ def test_validate_refuses_a_bad_model_spec_in_one_line():
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--models", "2x16x8,conv:8:4"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad model spec 'conv:8:4'" in r.stderr
+
+
+def test_validate_runs_a_tiny_transformer_with_a_memory_prediction_per_point(tmp_path):
+    """Predicted peak memory per point; measured only on a GPU (torch.cuda.max_memory_allocated), empty here."""
+    from dataclasses import replace
+
+    from conftest import transformer_profile
+
+    from parsim.profile import save_profile
+
+    out, spec, profile = tmp_path / "v", "llama:4:16:3:32:4:2:64:128", tmp_path / "p.json"
+    shipped = load_profile()
+    save_profile(replace(shipped, layers={**shipped.layers, **transformer_profile().layers}), profile)
+    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "1", "--schedules",
+                        "gpipe,interleaved-1f1b", "--microbatches", "1,2", "--models", spec, "--profile", str(profile),
+                        "--steps", "1", "--warmup", "0", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(row["schedule"], row["microbatches"], row["model"], row["tokens"]) for row in rows] == [
+        ("gpipe", "1", spec, "4"), ("gpipe", "2", spec, "4"), ("interleaved-1f1b", "1", spec, "4"),
+        ("interleaved-1f1b", "2", spec, "4")]
+    assert all(int(row["predicted_peak_bytes"]) > 0 and row["measured_peak_bytes"] == "" for row in rows)
+    gpipe1, gpipe2 = (int(row["predicted_peak_bytes"]) for row in rows[:2])
+    assert gpipe2 < gpipe1  # the same activations held, less working memory on half the sequences
+    assert "median |error|" in r.stdout and "peak memory" not in r.stdout  # nothing measured to compare it with

@@ -1,7 +1,8 @@
 """Pipeline runtimes, by name: what runs a schedule on the host, and so where its messages sit, what waits on
 what, and what the host pays per action and per message (parsim.runtimes.base).
 
-`hw` is hw's own eager runner (the default); `torch` is torch.distributed.pipelining's.
+`hw` is hw's own eager runner (the default); `torch` is torch.distributed.pipelining's; `graphs` is hw's
+runner replaying each action as a CUDA graph, `graphs-step` a one-GPU step as one graph.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import argparse
 from parsim.errors import ParsimError
 from parsim.runtimes.base import Runtime, run_by  # noqa: F401
 from parsim.runtimes.eager import EAGER
+from parsim.runtimes.graphs import GRAPHS, STEP_GRAPH
 from parsim.runtimes.torch_pipelining import TORCH
 
-RUNTIMES: dict[str, Runtime] = {r.name: r for r in (EAGER, TORCH)}
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (EAGER, TORCH, GRAPHS, STEP_GRAPH)}
 DEFAULT_RUNTIME = EAGER.name
 
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import replace
 
 from parsim.errors import ProfileError
-from parsim.profile import LayerCosts, OpCost, Profile, RuntimeCosts
+from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts
 from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
 
 
@@ -20,6 +20,7 @@ class Runtime(ABC):
 
     name: str
     summary: str  # one line for --help and reports
+    copy_streams: bool = False  # it posts messages as hw's runner does, so hw's copy streams apply
 
     @abstractmethod
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
@@ -48,14 +49,20 @@ class Runtime(ABC):
 
 
 def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
-    """`profile` with a runtime's host costs per action and message, and its layers' host and GPU costs scaled."""
+    """`profile` with a runtime's host costs per action and message, its layers' host and GPU costs scaled
+    (the fixed part of their GPU time by gpu_fixed_scale besides), and its gradient add where measured."""
     def op(cost: OpCost) -> OpCost:
-        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale, cost.flops_per_s / spec.gpu_scale)
+        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale * spec.gpu_fixed_scale,
+                      cost.flops_per_s / spec.gpu_scale)
 
     layers = {k: LayerCosts(op(c.forward), op(c.backward_input), op(c.backward_weight)) for k, c in profile.layers.items()}
     meta = dict(profile.meta)
     if spec.unmeasured:
         carried = list(meta.get("carried_from_base") or [])
         meta["carried_from_base"] = carried + [f"{name}.{f}" for f in spec.unmeasured]
-    host = replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s, step_s=spec.step_s)
-    return replace(profile, host=host, layers=layers, meta=meta)
+    host = replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s, step_s=spec.step_s,
+                   split_backward_s=profile.host.split_backward_s * spec.layer_host)
+    kernels = profile.kernels
+    if spec.accumulate_Bps > 0:  # its gradient adds are modelled (lowering adds them to gradient actions)
+        kernels = {**kernels, ACCUMULATE: KernelCost(spec.accumulate_s, spec.accumulate_Bps)}
+    return replace(profile, host=host, layers=layers, meta=meta, kernels=kernels)

@@ -15,6 +15,7 @@ class EagerRuntime(Runtime):
 
     name = "hw"
     summary = "hw's eager runner: parsim's action lists, one process group per directed channel"
+    copy_streams = True
 
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
               virtual_stages: int | None = None) -> Schedule:

@@ -15,11 +15,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from parsim.profile import Profile
+from parsim.profile import ACCUMULATE, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, stage_waits
 from parsim.sim.dataparallel import allreduce_spec
-from parsim.sim.lower import _compute_launches, _message_bytes, last_gradient_actions, link_for, runtime_waits
+from parsim.sim.lower import (GRADIENT_OPS, _compute_launches, _message_bytes, last_gradient_actions, link_for,
+                              runtime_waits)
 from parsim.workload import StageCost
 
 Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
@@ -63,6 +64,8 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
     launches = _compute_launches(costs, profile)
+    add = profile.kernels.get(ACCUMULATE)
+    add_s = [add.time_s(3 * c.grad_bytes) for c in costs] if add else None
     rules = stage_waits(schedule)
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     last_grad = last_gradient_actions(schedule) if buckets else {}
@@ -76,7 +79,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         for src, dst in channels_of:
             chans[src, dst] = _Channel(-1 - len(channels))
             channels.append(chans[src, dst])
-        compute = _compute_table(schedule, launches, rules, end, last_grad, buckets or {})
+        compute = _compute_table(schedule, launches, rules, end, last_grad, buckets or {}, add_s)
         messages = _message_table(schedule, costs, profile, rules, end, chans, off)
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
@@ -145,9 +148,12 @@ class _Host:
 
 def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
-                   last_grad: dict[int, Action], buckets: dict[int, int]) -> dict[str, list[tuple]]:
+                   last_grad: dict[int, Action], buckets: dict[int, int],
+                   add_s: list[float] | None = None) -> dict[str, list[tuple]]:
     """op -> per stage: (gpu_s, tail_s, host_s, first_s, its row, the GRAD row it also fills or None, the rows it
-    waits for, the micro-batch whose action is split into gradient-bucket chunks or -1, the chunk count)."""
+    waits for, the micro-batch whose action is split into gradient-bucket chunks or -1, the chunk count, and
+    the gradient add's seconds where the op makes gradients and the runtime adds them (else None): lowering
+    adds it to every such action of the stage after its first)."""
     table = {}
     for op in COMPUTE_OPS:
         table[op] = []
@@ -155,8 +161,9 @@ def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...
             split = last_grad.get(s)
             split_mb = split.microbatch if split is not None and split.op == op else -1
             grad_row = end[GRAD][s] if op in (Op.BACKWARD, Op.BACKWARD_INPUT) else None
+            add = add_s[s] if add_s is not None and op in GRADIENT_OPS else None
             table[op].append((*launches[op][s], end[op][s], grad_row, tuple(end[k][t] for k, t in rules[op][s]),
-                              split_mb, buckets.get(s, 1)))
+                              split_mb, buckets.get(s, 1), add))
     return table
 
 
@@ -192,11 +199,16 @@ def _walk(acts: tuple[Action, ...], compute: dict[str, list[tuple]], messages: d
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
     t = free = busy = 0.0
     get_compute = compute.get
+    graded: set[int] = set()  # stages whose first gradient action has run (with a gradient add modelled)
     for a in acts:
         kind, s, i = a
         c = get_compute(kind)
         if c is not None:
-            gpu_s, tail_s, host_s, first_s, row, grad_row, dep_rows, split_mb, n = c[s]
+            gpu_s, tail_s, host_s, first_s, row, grad_row, dep_rows, split_mb, n, add = c[s]
+            if add is not None:  # as lowering has it: the stage's later gradient actions add into its gradients
+                if s in graded:
+                    gpu_s += add
+                graded.add(s)
             ready = free
             for dep in dep_rows:
                 e = dep[i]

@@ -7,9 +7,12 @@ from itertools import islice
 
 from parsim.sim.dataflow import iter_wait_keys, transfers
 from parsim.sim.machine import Launch, Machine, Op, Sync
-from parsim.profile import LinkSpec, Profile
+from parsim.profile import ACCUMULATE, LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Op as ActionOp, Schedule
 from parsim.workload import StageCost, Work
+
+
+GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 
 
 def compute_track(rank: int) -> str:
@@ -96,19 +99,24 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     """
     launches = _compute_launches(costs, profile)
     ops = op_table(schedule)
-    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops)
+    add = profile.kernels.get(ACCUMULATE)
+    add_s = [add.time_s(3 * c.grad_bytes) for c in costs] if add else None
+    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, add_s)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of)
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
 def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
-                 gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable) -> dict[Action, list[Op]]:
+                 gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable,
+                 add_s: list[float] | None = None) -> dict[Action, list[Op]]:
     """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
-    return the split actions' chunks (action -> ops; `ops` holds the last chunk)."""
+    return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
+    each gradient action after its stage's first also adds its gradients into the step's."""
     parts_of: dict[Action, list[Op]] = {}
     split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     env = machine.env
+    graded: set[int] = set()  # stages whose first gradient action is placed
     for rank, acts in enumerate(schedule.actions):
         track = compute_track(gpu_offset + rank)
         stream = machine.stream(track).ops
@@ -117,6 +125,10 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
             if kind not in COMPUTE_OPS:
                 continue
             gpu_s, tail_s, _, _ = launches[kind][stage]
+            if add_s is not None and kind in GRADIENT_OPS:
+                if stage in graded:
+                    gpu_s += add_s[stage]
+                graded.add(stage)
             if not split or a not in split:
                 op = ops[kind][stage][mb] = Op(env, a, track, gpu_s, tail_s=tail_s)
                 stream.append(op)
@@ -223,8 +235,10 @@ def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, lis
         for stage, cost in enumerate(costs):
             work = _work_of(Action(op, stage, 0), cost)
             chunks = max(work.chunks, 1)
-            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + work.host_s,
-                              profile.host.action_s + work.host_s / chunks))
+            host_s = work.host_s + (profile.host.split_backward_s * work.chunks
+                                    if op == ActionOp.BACKWARD_WEIGHT else 0.0)
+            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + host_s,
+                              profile.host.action_s + host_s / chunks))
     return table
 
 

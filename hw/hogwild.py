@@ -1,0 +1,201 @@
+"""Hogwild with torch.multiprocessing: N processes train one model whose parameters live in shared memory,
+each updating them without a lock; and the CPU costs `parsim.scenarios.interfaces` models it with (cores, memory).
+
+Every process runs one intra-op thread (torch's advice against oversubscribing the cores) and is forked,
+so it shares the parent's model. Each runs for a fixed time after all are ready; its rate is its steps over
+the time between its first and last step, and the processes' rates add up to the throughput.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+
+from hw.models import build_layers
+from parsim.errors import ParsimError
+from parsim.profile import CpuCosts
+from parsim.workload import model_from_spec
+
+Job = Callable[[], None]  # one step of a process's loop
+
+
+def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: float,
+                  timeout_s: float = 120.0) -> list[list[float]]:
+    """Fork `processes` workers; each builds its job (make_job(rank)), waits for the others, then runs the job
+    for duration_s. Returns each one's step end times (time.perf_counter, the same clock for all)."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Barrier(processes + 1)
+    results = ctx.Queue()
+
+    def worker(rank: int) -> None:
+        torch.set_num_threads(1)
+        try:
+            job = make_job(rank)
+            job()  # warm-up
+        except BaseException as e:  # the parent hears of it at once, not after timeout_s
+            results.put((rank, f"{type(e).__name__}: {e}"))
+            ready.abort()
+            raise
+        ready.wait(timeout=timeout_s)
+        t0 = time.perf_counter()
+        ends = []
+        while not ends or ends[-1] - t0 < duration_s:
+            job()
+            ends.append(time.perf_counter())
+        results.put((rank, ends))
+
+    procs = [ctx.Process(target=worker, args=(r,), daemon=True) for r in range(processes)]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(timeout=timeout_s)
+        out = dict(results.get(timeout=duration_s + timeout_s) for _ in procs)
+    except Exception as e:  # noqa: BLE001 - a broken barrier or an empty queue: a worker died
+        for p in procs:  # a failed worker's reason is in the queue once it has exited
+            p.join(timeout=5)
+        said = [what for _, what in _drain(results) if isinstance(what, str)]
+        codes = [p.exitcode for p in procs]
+        raise ParsimError(f"a worker of {processes} did not finish ({'; '.join(said) or type(e).__name__}; "
+                          f"exit codes {codes})") from None
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return [out[r] for r in range(processes)]
+
+
+def _drain(queue) -> list:
+    out = []
+    while not queue.empty():
+        out.append(queue.get(timeout=1))
+    return out
+
+
+def rates(ends: list[list[float]]) -> list[float]:
+    """Each process's steps per second between its first and last step end."""
+    return [(len(e) - 1) / (e[-1] - e[0]) for e in ends if len(e) > 1]
+
+
+def hogwild_job(model: nn.Module, tokens: int, hidden: int, lr: float = 1e-4) -> Callable[[int], Job]:
+    """A process's training step on the shared `model`: its own random batch, MSE loss, SGD on the shared weights."""
+    # the optimizer's first step imports seconds of modules: once, here, before the fork, not in every worker;
+    # no backward here: on a machine with GPUs that starts autograd's device threads, and a forked child can
+    # then run no backward at all ("Unable to handle autograd's threading in combination with fork")
+    warm = torch.zeros(1, requires_grad=True)
+    warm.grad = torch.zeros(1)
+    torch.optim.SGD([warm], lr=lr).step()
+
+    def make(rank: int) -> Job:
+        torch.manual_seed(1000 + rank)
+        x, y = torch.randn(tokens, hidden), torch.randn(tokens, hidden)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+        def step() -> None:
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        return step
+    return make
+
+
+def shared_model(spec: str) -> tuple[nn.Module, int, int]:
+    """The model of a spec (LAYERSxHIDDENxTOKENS) in float32, its parameters in shared memory; with hidden, tokens."""
+    model = model_from_spec(spec)
+    net = nn.Sequential(*build_layers(model)).float()
+    net.share_memory()
+    return net, model.tokens, model.layers[0].hidden
+
+
+def hogwild_steps(spec: str, processes: int, duration_s: float) -> dict:
+    """Train `spec` Hogwild-style in `processes` processes; seconds per step of all together, and whether the
+    shared parameters moved (the parent sees the workers' updates)."""
+    net, tokens, hidden = shared_model(spec)
+    before = [p.detach().clone() for p in net.parameters()]
+    per_process = rates(run_processes(hogwild_job(net, tokens, hidden), processes, duration_s))
+    moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, net.parameters()))
+    return {"step_s": 1 / sum(per_process), "process_rates": per_process, "params_moved": moved}
+
+
+def measure_hogwild(spec: str, counts: tuple[int, ...], duration_s: float, rounds: int) -> dict:
+    """Each process count `rounds` times, the counts taking turns; the median seconds per step of each."""
+    raw: dict[int, list[dict]] = {n: [] for n in counts}
+    for _ in range(rounds):
+        for n in counts:
+            raw[n].append(hogwild_steps(spec, n, duration_s))
+    return {n: {"step_s": statistics.median(r["step_s"] for r in runs), "runs": runs} for n, runs in raw.items()}
+
+
+def cpu_name() -> str:
+    """The processor's model name, from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def machine() -> dict:
+    """What the CPU measurements ran on: processor, cores this process may use, and the load at the time."""
+    return {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+
+
+# --- the CPU's costs ------------------------------------------------------------------------------------
+
+def _matmul_job(size: int = 128, repeat: int = 20) -> Callable[[int], Job]:
+    """A core-bound probe: products of private size x size matrices, in cache."""
+    def make(rank: int) -> Job:
+        a, out = torch.randn(size, size), torch.empty(size, size)
+
+        def step() -> None:
+            for _ in range(repeat):
+                torch.mm(a, a, out=out)
+        return step
+    return make
+
+
+def _stream_job(nbytes: int) -> Callable[[int], Job]:
+    """A memory-bound probe: copying a private buffer far larger than the caches (2 x nbytes moved a step)."""
+    def make(rank: int) -> Job:
+        src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+
+        def step() -> None:
+            dst.copy_(src)
+        return step
+    return make
+
+
+def probe_counts(cores: int) -> tuple[int, ...]:
+    """Busy-core counts to time the core probe at: powers of two below the core count, and the core count."""
+    counts, n = [], 1
+    while n < cores:
+        counts.append(n)
+        n *= 2
+    return (*counts, cores)
+
+
+def cpu_costs(spec: str, duration_s: float = 1.0, stream_bytes: int = 64 << 20, source: str = "",
+              ) -> tuple[CpuCosts, dict]:
+    """Cores, each core's speed as more are busy, memory bandwidth, and one Hogwild step of `spec` alone."""
+    cores = len(os.sched_getaffinity(0))
+    speed_raw = {n: rates(run_processes(_matmul_job(), n, duration_s)) for n in probe_counts(cores)}
+    alone = statistics.median(speed_raw[1])
+    core_speed = {n: statistics.median(r) / alone for n, r in speed_raw.items()}
+    stream = {n: rates(run_processes(_stream_job(stream_bytes), n, duration_s)) for n in (1, cores)}
+    moved = 2 * stream_bytes
+    step = hogwild_steps(spec, 1, duration_s)
+    costs = CpuCosts(cores, core_speed, moved * statistics.median(stream[1]), moved * sum(stream[cores]),
+                     step["step_s"], spec, source)
+    return costs, {"core_probe_rates": {str(n): r for n, r in speed_raw.items()},
+                   "stream_rates": {str(n): r for n, r in stream.items()}, "stream_bytes": moved,
+                   "step": step, "duration_s": duration_s}

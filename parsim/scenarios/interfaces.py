@@ -1,0 +1,211 @@
+"""PyTorch's three data-parallel interfaces as scenarios: nn.DataParallel (threads under one GIL),
+DistributedDataParallel (a process per GPU) and torch.multiprocessing Hogwild (processes on CPU cores).
+
+`python -m hw scenario data-parallel` and `hw scenario hogwild` measure the same programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import simpy
+
+from parsim.errors import ProfileError
+from parsim.profile import CpuCosts, GilCosts, Profile
+from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
+from parsim.schedules import gpipe
+from parsim.sim import cpu as cpu_model
+from parsim.sim.gil import Gil, GilLaunch, gil_thread
+from parsim.sim.machine import Machine
+from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s, need_gil
+from parsim.sim.predict import simulate
+from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
+
+LAUNCH_THREADS = tuple(range(1, 9))  # the GIL experiment: N Python threads launching on one GPU
+DP_GPUS = tuple(range(1, 9))
+HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
+HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
+TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
+
+
+# --- the GIL experiment ---------------------------------------------------------------------------
+
+PREDICTED_LAUNCHES = 200  # per thread: enough for the steady pace (the simulation's time grows with it)
+
+
+def launch_threads_s(gil: GilCosts, threads: int, launches: int = PREDICTED_LAUNCHES) -> float:
+    """Host time of `threads` Python threads each launching `launches` small kernels (each on its own stream).
+
+    The kernels are shorter than their launches, so only the host is timed: the wall time until the
+    last thread has launched its last kernel.
+    """
+    m = Machine()
+    lock = Gil(m.env, gil.handoff_s)
+    for t in range(threads):
+        gil_thread(m, f"thread{t}", lock).steps += [GilLaunch(None, gil.held_s, gil.released_s)] * launches
+    return m.run()
+
+
+def launch_figures(gil: GilCosts, threads: tuple[int, ...] = LAUNCH_THREADS) -> dict[str, float]:
+    """Per thread count: host time per launch of all threads together, and their throughput against one thread."""
+    per_launch = {n: launch_threads_s(gil, n) / (PREDICTED_LAUNCHES * n) for n in threads}
+    return launch_ratios(per_launch)
+
+
+def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
+    """The experiment's figures from its time per launch by thread count (shared with hw, so names pair up)."""
+    one = per_launch_s[1]
+    return {**{f"launch_threads{n}_s": t for n, t in per_launch_s.items()},
+            **{f"launch_threads{n}_speedup_ratio": one / t for n, t in per_launch_s.items()}}
+
+
+# --- nn.DataParallel against DistributedDataParallel ------------------------------------------------
+
+def _text_replica(profile: Profile, batch: int) -> Replica:
+    """The text's model, nn.Linear(5, 2) in float32: one matmul forward, weight and bias gradients backward."""
+    launch_s, matmul = need_host(profile, "launch_s"), need_kernel(profile, "matmul")
+    mm_s = matmul.time_s(2.0 * batch * 5 * 2)
+    layer = StageCost(Work(mm_s, launch_s, 1), Work(0.0, 0.0, 1), Work(2 * mm_s, 2 * launch_s, 1),
+                      send_bytes=batch * 2 * 4, stash_bytes=batch * 5 * 4, grad_bytes=(5 * 2 + 2) * 4)
+    return Replica((layer,), batch * 5 * 4, modules=2)
+
+
+def _model_replica(model: Model, profile: Profile) -> Replica:
+    """A parsim model's layers, each costed as a stage of its own; 4 modules per MLP block, 1 for the Sequential."""
+    layers = tuple(stage_costs(model, len(model.layers), 1, profile))
+    first = model.layers[0]
+    return Replica(layers, model.tokens * first.hidden * first.side**2 * first.dtype_bytes, 4 * len(model.layers) + 1)
+
+
+def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
+    """DDP over `gpus` processes: the whole replica as one stage, its gradients all-reduced in DDP's buckets.
+
+    Its forward's host time includes a launch for the loss and one for the backward call, as DataParallel's does."""
+    layers = replica.layers
+    loss_and_call = Work(0.0, 2 * need_host(profile, "launch_s"), 0)
+    stage = StageCost(sum((c.forward for c in layers), loss_and_call),
+                      sum((c.backward_input for c in layers), Work(0.0, 0.0, 0)),
+                      sum((c.backward_weight for c in layers), Work(0.0, 0.0, 0)),
+                      layers[-1].send_bytes, sum(c.stash_bytes for c in layers), sum(c.grad_bytes for c in layers))
+    bare = dataclasses.replace(profile, host=dataclasses.replace(profile.host, action_s=0.0))
+    return simulate(gpipe(1, 1), [stage], bare, data_parallel=gpus).step_time_s
+
+
+def dp_figures(name: str, replica_at, profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
+    """Step time and speedup over one GPU of DataParallel and DDP, for each GPU count, the global batch fixed
+    (one node holds them all)."""
+    profile = dataclasses.replace(profile, gpus_per_node=max(profile.gpus_per_node, max(gpus)))
+    out = {}
+    one = None
+    for g in gpus:
+        replica = replica_at(g)
+        dp, ddp = data_parallel_step_s(replica, g, profile), _ddp_step_s(replica, g, profile)
+        one = one or dp
+        out |= {f"dp_{name}_{g}gpus_s": dp, f"ddp_{name}_{g}gpus_s": ddp,
+                f"dp_{name}_{g}gpus_speedup_ratio": one / dp, f"ddp_{name}_{g}gpus_speedup_ratio": one / ddp}
+    return out
+
+
+DP_ASSUMPTIONS = (
+    "launch experiment: N threads each launch small kernels on its own stream of one GPU; kernels run faster than "
+    "they are launched, so only the host is timed",
+    "GIL: a launch holds it for min(contended, alone) of its time and runs the rest without it; contention beyond "
+    "the launch alone is paid at each handoff; both from `hw calibrate --interfaces` (gil section)",
+    "DataParallel's forward threads hold the GIL for the same share of each layer's host time as a launch does; "
+    "backward runs in autograd's C++ device threads without it, except Gather's and Broadcast's Python backward",
+    "replicate: one NCCL broadcast of the parameters at the all-reduce's latency and bus bandwidth, then "
+    "gil.replicate_module_s of Python per module per GPU; gradients reduced onto GPU 0 the same way",
+    "scatter and gather: one NVLink copy per GPU; DDP: the whole model one stage, its gradients all-reduced in "
+    "25 MiB buckets; neither counts the optimizer step or the data loader",
+    f"the global batch is fixed and split as torch's scatter does (ceil): the text's nn.Linear(5, 2) on "
+    f"{TEXT_BATCH} samples, the MLP stack (16 x h=2048) on 8192 tokens",
+)
+
+
+def data_parallel(profile: Profile) -> ScenarioResult:
+    """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
+    gil = need_gil(profile)
+    figures = launch_figures(gil)
+    assumptions = DP_ASSUMPTIONS + (f"GIL costs: {gil.source}",)
+    if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
+        assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
+                        "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
+    else:
+        figures |= dp_figures("text", lambda g: _text_replica(profile, math.ceil(TEXT_BATCH / g)), profile)
+        figures |= dp_figures("mlp", lambda g: _model_replica(mlp_model(16, 2048, math.ceil(8192 / g)), profile),
+                              profile)
+    return ScenarioResult("data-parallel", figures, "launch_threads8_speedup_ratio",
+                          data_parallel.__doc__.splitlines()[0], assumptions)
+
+
+# --- Hogwild ------------------------------------------------------------------------------------------
+
+def need_cpu(profile: Profile) -> CpuCosts:
+    if profile.cpu is None:
+        raise ProfileError("this profile has no cpu section, which the hogwild scenario needs: "
+                           "run `python -m hw calibrate --interfaces --out FILE` and pass --profile FILE")
+    return profile.cpu
+
+
+def step_bytes(model: Model) -> float:
+    """Bytes one training step moves through memory: the parameters 6 times (read by forward and backward,
+    gradients written, then read by SGD with the parameters, which it writes back) and the stash twice."""
+    params = sum(layer.params * layer.dtype_bytes for layer in model.layers)
+    stash = sum(layer.stash_bytes_per_token for layer in model.layers) * model.tokens
+    return 6.0 * params + 2.0 * stash
+
+
+def hogwild_model(cpu: CpuCosts) -> Model:
+    """The model whose step the calibration timed, in float32 as the CPU trains it."""
+    model = model_from_spec(cpu.step_model)
+    return dataclasses.replace(model, layers=tuple(dataclasses.replace(layer, dtype_bytes=4) for layer in model.layers))
+
+
+def hogwild_step_s(cpu: CpuCosts, processes: int, steps: int = 20) -> float:
+    """Seconds per training step of `processes` Hogwild processes together (1 / their steps per second).
+
+    Each step is a job on the cores (the step's time alone, in core-seconds) and on the memory bandwidth
+    (its bytes) at once; it ends when both are served, so memory only slows a step once its share is too small.
+    """
+    env = simpy.Environment()
+    cores, memory = cpu_model.cores(env, cpu), cpu_model.memory(env, cpu)
+    nbytes = step_bytes(hogwild_model(cpu))
+    ends = []
+
+    def process():
+        for _ in range(steps):
+            yield env.all_of([cores.serve(cpu.step_s), memory.serve(nbytes)])
+        ends.append(env.now)
+
+    for _ in range(processes):
+        env.process(process())
+    env.run()
+    return max(ends) / (processes * steps)
+
+
+def hogwild_ratios(step_s: dict[int, float]) -> dict[str, float]:
+    """The Hogwild figures from seconds per step by process count (shared with hw, so names pair up)."""
+    one = step_s[1]
+    return {**{f"hogwild_procs{n}_s": t for n, t in step_s.items()},
+            **{f"hogwild_procs{n}_speedup_ratio": one / t for n, t in step_s.items()}}
+
+
+def hogwild(profile: Profile) -> ScenarioResult:
+    """Hogwild: N processes training one model's shared parameters on the CPU, throughput against one process."""
+    cpu = need_cpu(profile)
+    figures = hogwild_ratios({n: hogwild_step_s(cpu, n) for n in HOGWILD_PROCESSES})
+    model = hogwild_model(cpu)
+    assumptions = (
+        f"each process trains {cpu.step_model} (fp32, one intra-op thread, SGD) on its own data; one step alone "
+        f"takes {cpu.step_s * 1e3:.2f} ms of core time and moves {step_bytes(model) / 1e6:.1f} MB "
+        f"(parameters x6, stash x2) through memory, the two overlapped",
+        f"{cpu.cores} cores shared by the processes (one each up to {cpu.cores}), each at the measured speed for "
+        f"that many busy cores ({', '.join(f'{n}: {s:.2f}' for n, s in sorted(cpu.core_speed.items()))}), "
+        "linear in between",
+        f"memory: {cpu.bandwidth_Bps / 1e9:.1f} GB/s shared, at most {cpu.core_bandwidth_Bps / 1e9:.1f} GB/s a "
+        "process; updates to the shared parameters take no lock and cost nothing more",
+        f"CPU costs: {cpu.source}",
+    )
+    return ScenarioResult("hogwild", figures, f"hogwild_procs{max(HOGWILD_PROCESSES)}_speedup_ratio",
+                          hogwild.__doc__.splitlines()[0], assumptions)

@@ -1,0 +1,27 @@
+"""The workload: a model as a list of layers, its partition into stages, and per-stage costs.
+
+The default model is the stack of MLP blocks that `hw measure` runs, so a default prediction can be
+checked on hardware; `conv_model` is the ResNet-like conv net it also runs (`--conv`), and
+`transformer_model` a Llama- or GPT-style transformer, from a Hugging Face config or a preset.
+
+layers.py: the MLP and conv layer kinds; transformer.py: the transformer's; models.py: models, their specs
+and files; configs.py: Hugging Face configs and presets; partition.py: splits into stages; costs.py: what
+layers and stages cost, and the split balanced by those costs; memory.py: what a GPU holds.
+"""
+
+from parsim.workload.configs import PRESETS, config_model, load_model, model_from_spec, named_model, preset_model
+from parsim.workload.costs import (OPS, PARTITIONS, LayerTime, StageCost, Work, layer_times, layer_works,
+                                   microbatch_tokens, part_costs, partitioned, stage_costs)
+from parsim.workload.layers import KINDS, Kind, Layer, Part
+from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
+from parsim.workload.models import (CONV_DEFAULTS, MODEL_FILE, MODEL_SPECS, Model, check_balance, conv_model,
+                                    mlp_model, model_label, model_spec, transformer_model)
+from parsim.workload.partition import partition, partition_by_time, stage_layers
+from parsim.workload.transformer import Decoder, Embedding, Head, TransformerShape, transformer_layers
+
+__all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "Layer", "LayerTime", "MODEL_FILE",
+           "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
+           "TransformerShape", "Work", "check_balance", "config_model", "conv_model", "layer_times", "layer_works",
+           "load_model", "microbatch_tokens", "mlp_model", "model_from_spec", "model_label", "model_spec",
+           "named_model", "part_costs", "partition", "partition_by_time", "partitioned", "preset_model",
+           "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

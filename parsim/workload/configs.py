@@ -1,0 +1,117 @@
+"""Hugging Face-style configs: a transformer from a config.json, and the presets parsim ships (by name)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from parsim.errors import ModelError
+from parsim.workload.models import Model, is_config, parsim_model, read_model_file, transformer_model
+from parsim.workload.models import model_from_spec as _spec_model
+from parsim.workload.transformer import VARIANTS, TransformerShape
+
+PRESETS = ("llama-3-8b", "llama-3.2-1b", "gpt-2")  # parsim/workload/presets/NAME.json
+LLAMA_ACTS = ("silu",)
+GPT_ACTS = ("gelu_new", "gelu", "gelu_pytorch_tanh")  # hw runs GELU's tanh approximation, as GPT-2 does
+UNSUPPORTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def _size(doc: dict, key: str, default: int | None = None) -> int:
+    """A whole size >= 1 from the config, or `default` where it is absent or null."""
+    value = doc.get(key)
+    if value is None:
+        if default is None:
+            raise ModelError(f"it lacks {key}")
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelError(f"{key} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def config_shape(doc: dict, seq_len: int) -> tuple[TransformerShape, int]:
+    """(shape, decoder blocks) of a Llama-style ("llama") or GPT-2 ("gpt2") config; ModelError for any other."""
+    kind = doc.get("model_type")
+    moe = [k for k in UNSUPPORTED_KEYS if doc.get(k)]
+    if moe:
+        raise ModelError(f"mixture-of-experts configs ({', '.join(moe)}) are not supported")
+    if kind == "llama":
+        if doc.get("hidden_act", "silu") not in LLAMA_ACTS:
+            raise ModelError(f"hidden_act {doc.get('hidden_act')!r} is not supported: parsim's llama block is SwiGLU")
+        biased = [k for k in ("attention_bias", "mlp_bias") if doc.get(k)]
+        if biased:
+            raise ModelError(f"{', '.join(biased)} is not supported: parsim's llama block has no biases")
+        hidden, heads = _size(doc, "hidden_size"), _size(doc, "num_attention_heads")
+        if doc.get("head_dim") is None and hidden % heads:
+            raise ModelError(f"hidden_size {hidden} does not split into {heads} heads and there is no head_dim")
+        head_dim = _size(doc, "head_dim", hidden // heads)
+        shape = TransformerShape("llama", hidden, _size(doc, "intermediate_size"), heads,
+                                 _size(doc, "num_key_value_heads", heads), head_dim, _size(doc, "vocab_size"), seq_len)
+        return shape, _size(doc, "num_hidden_layers")
+    if kind == "gpt2":
+        if doc.get("activation_function", "gelu_new") not in GPT_ACTS:
+            raise ModelError(f"activation_function {doc.get('activation_function')!r} is not supported: "
+                             f"parsim's gpt block is GELU")
+        hidden, heads = _size(doc, "n_embd"), _size(doc, "n_head")
+        if hidden % heads:
+            raise ModelError(f"n_embd {hidden} does not split into {heads} heads")
+        shape = TransformerShape("gpt", hidden, _size(doc, "n_inner", 4 * hidden), heads, heads, hidden // heads,
+                                 _size(doc, "vocab_size"), seq_len, _size(doc, "n_positions"))
+        return shape, _size(doc, "n_layer")
+    raise ModelError(f"model_type {kind!r} is not supported; parsim builds \"llama\" (Llama-style: RMSNorm, "
+                     f"grouped-query attention, SwiGLU) and \"gpt2\" configs")
+
+
+def config_model(doc: dict, origin: str, seq_len: int | None, sequences: int | None) -> Model:
+    """The transformer a parsed config describes, on `sequences` sequences of `seq_len` tokens a step."""
+    if seq_len is None or sequences is None:
+        raise ModelError(f"{origin} is a transformer: give --seq-len (tokens per sequence) and --global-batch "
+                         f"(sequences per step)")
+    try:
+        if seq_len < 1:
+            raise ModelError(f"--seq-len must be at least 1, got {seq_len}")
+        shape, blocks = config_shape(doc, seq_len)
+        return transformer_model(shape, blocks, sequences)
+    except ModelError as e:
+        raise ModelError(f"{origin}: {e}") from None
+
+
+def preset_config(name: str) -> dict:
+    """A shipped config by name (see PRESETS)."""
+    if name not in PRESETS:
+        raise ModelError(f"no preset named {name!r}; parsim ships: {', '.join(PRESETS)}")
+    return json.loads(resources.files("parsim.workload").joinpath("presets", f"{name}.json").read_text())
+
+
+def preset_model(name: str, seq_len: int | None, sequences: int | None) -> Model:
+    return config_model(preset_config(name.lower()), f"preset {name}", seq_len, sequences)
+
+
+def named_model(text: str, seq_len: int | None = None, sequences: int | None = None) -> Model:
+    """`--model TEXT`: a model file (parsim's or a Hugging Face config.json) if one is there, else a preset."""
+    if Path(text).exists() or text.lower() not in PRESETS:
+        if not Path(text).exists() and not text.endswith(".json"):
+            raise ModelError(f"no model file {text!r} and no preset of that name; presets: {', '.join(PRESETS)}")
+        return load_model(text, seq_len, sequences)
+    return preset_model(text, seq_len, sequences)
+
+
+def load_model(path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
+    """A model file: parsim's (see MODEL_FILE), or a Hugging Face config, which is a transformer and so
+    needs seq_len and sequences per step."""
+    doc = read_model_file(path)
+    if is_config(doc):
+        return config_model(doc, f"config {path}", seq_len, sequences)
+    return parsim_model(doc, path, seq_len, sequences)
+
+
+def model_from_spec(text: str) -> Model:
+    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length: PRESET:BATCH:SEQ."""
+    head, _, rest = text.strip().lower().partition(":")
+    if head in VARIANTS or head == "conv" or not rest:
+        return _spec_model(text)
+    try:
+        batch, seq = (int(v) for v in rest.split(":"))
+    except ValueError:
+        raise ModelError(f"bad model spec {text!r}; a preset takes PRESET:BATCH:SEQ, e.g. {head}:8:4096") from None
+    return preset_model(head, seq, batch)

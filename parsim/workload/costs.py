@@ -1,0 +1,137 @@
+"""What a model costs per micro-batch, layer by layer and stage by stage, priced by the profile; and the split
+balanced by those costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import NamedTuple
+
+from parsim.errors import ModelError
+from parsim.profile import LayerCosts, Profile
+from parsim.workload.layers import Part
+from parsim.workload.models import Model
+from parsim.workload.partition import partition_by_time, stage_layers
+
+
+@dataclass(frozen=True)
+class Work:
+    """GPU and host time of one compute action, and how finely the host feeds it to the GPU."""
+
+    gpu_s: float
+    host_s: float
+    chunks: int  # kernels are issued layer by layer: the GPU may start after the first
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.gpu_s + other.gpu_s, self.host_s + other.host_s, self.chunks + other.chunks)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What one micro-batch costs on one stage."""
+
+    forward: Work
+    backward_input: Work
+    backward_weight: Work
+    send_bytes: int  # activation (or its gradient) crossing to the neighbouring stage
+    stash_bytes: int  # activations kept from forward to backward
+    grad_bytes: int = 0  # the stage's weight gradients, all-reduced across data-parallel replicas
+
+    @cached_property
+    def backward(self) -> Work:
+        return self.backward_input + self.backward_weight
+
+
+OPS = ("forward", "backward_input", "backward_weight")
+
+
+def part_costs(profile: Profile, part: Part) -> LayerCosts:
+    """The profile's costs for a layer's part at its shape ("mlp@2048", "attention@d128") if it has them, else
+    its kind's ("mlp", "attention")."""
+    for key in part.keys:
+        costs = profile.layers.get(key)
+        if costs is not None:
+            return costs
+    raise ModelError(f"the profile has no costs for layer kind {part.keys[-1]!r} ({part.keys[0]}); it knows: "
+                     f"{', '.join(sorted(profile.layers))}{part.hint}")
+
+
+def layer_works(profile: Profile, layer, samples: int) -> list[Work]:
+    """One layer's forward, input-grad and weight-grad for a micro-batch of `samples`: each part's GPU time at
+    its work (an op with no work runs nothing) and its host's time to launch it."""
+    gpu, host = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for part in layer.parts:
+        costs = part_costs(profile, part)
+        for i, op in enumerate(OPS):
+            work = part.work[i] * samples
+            if work:
+                cost = getattr(costs, op)
+                gpu[i] += cost.gpu_s(work)
+                host[i] += cost.host_s
+    return [Work(g, h, 1) for g, h in zip(gpu, host)]
+
+
+def microbatch_tokens(model: Model, num_microbatches: int, data_parallel: int = 1) -> int:
+    """Samples in one micro-batch: the batch split over replicas, then micro-batches, evenly."""
+    if num_microbatches < 1 or data_parallel < 1:
+        raise ModelError(f"need at least one micro-batch and replica, got {num_microbatches} and {data_parallel}")
+    if model.tokens % (num_microbatches * data_parallel):
+        units = f"{model.tokens} {model.sample}s"
+        raise ModelError(f"{units} do not split into {data_parallel} replica(s) x {num_microbatches} equal "
+                         f"micro-batches" if data_parallel > 1 else
+                         f"{units} do not split into {num_microbatches} equal micro-batches")
+    return model.tokens // (num_microbatches * data_parallel)
+
+
+class LayerTime(NamedTuple):
+    """One layer's forward plus backward for one micro-batch: the GPU's time and the host's to launch it."""
+
+    gpu_s: float
+    host_s: float
+
+
+def layer_times(model: Model, tokens: int, profile: Profile) -> list[LayerTime]:
+    """Each layer's GPU and host time for one micro-batch of `tokens` samples, forward plus backward."""
+    out = []
+    for layer in model.layers:
+        works = layer_works(profile, layer, tokens)
+        out.append(LayerTime(sum(w.gpu_s for w in works), sum(w.host_s for w in works)))
+    return out
+
+
+PARTITIONS = ("equal", "time")
+
+
+def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile,
+                data_parallel: int = 1) -> Model:
+    """The model split `how` says: "equal" layer counts, or balanced by the profile's time per layer at this
+    micro-batch size (torchgpipe's balance_by_time, from the profile instead of a timed run, each stage
+    paced by the slower of its GPU and its host)."""
+    if how == "equal":
+        return replace(model, balance=None)
+    if how != "time":
+        raise ModelError(f"unknown partition {how!r}; choose from {', '.join(PARTITIONS)}")
+    times = layer_times(model, microbatch_tokens(model, num_microbatches, data_parallel), profile)
+    balance = partition_by_time([t.gpu_s for t in times], num_stages, [t.host_s for t in times],
+                                host_fixed_s=2 * profile.host.action_s)  # a forward and a backward action
+    return replace(model, balance=balance)
+
+
+def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: Profile,
+                data_parallel: int = 1) -> list[StageCost]:
+    """Per-stage costs of one micro-batch, for the model's split of layers (see stage_layers), and of the
+    batch over data-parallel replicas and then micro-batches."""
+    tokens = microbatch_tokens(model, num_microbatches, data_parallel)
+    costs = []
+    for layer_ids in stage_layers(model, num_stages):
+        layers = [model.layers[i] for i in layer_ids]
+        works = [Work(0.0, 0.0, 0)] * len(OPS)
+        for layer in layers:
+            works = [a + b for a, b in zip(works, layer_works(profile, layer, tokens))]
+        costs.append(StageCost(
+            *works,
+            send_bytes=layers[-1].out_bytes_per_token * tokens,
+            stash_bytes=sum(layer.stash_bytes_per_token for layer in layers) * tokens,
+            grad_bytes=sum(layer.params * layer.dtype_bytes for layer in layers),
+        ))
+    return costs

@@ -1,0 +1,135 @@
+"""Layer kinds: what one layer holds and costs per sample (parameters, FLOPs per op, activations kept and sent).
+
+Every layer kind (the MLP and conv blocks here, the transformer's in parsim.workload.transformer) answers the
+same questions: `params`, `in_shape`/`out_shape` of one sample, `out_bytes_per_token` (what it hands the next
+layer), `stash_bytes_per_token` (what autograd keeps for its backward) and `parts` (its costed parts: the
+profile keys that price each, and the work each does per sample in forward, input-grad and weight-grad).
+"Per token" means per sample: a token of an MLP stack, an image of a conv net, a sequence of a transformer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.errors import ModelError
+
+
+@dataclass(frozen=True)
+class Part:
+    """One costed part of a layer: the profile keys that price it (first found wins: the shape's, then the
+    kind's), its work per sample in forward, input-grad and weight-grad, and how to calibrate it if missing.
+
+    Work is FLOPs (2 per multiply-add) for every kind but the embedding, whose work is elements moved. An op
+    with no work runs no kernel and costs nothing.
+    """
+
+    keys: tuple[str, ...]
+    work: tuple[float, float, float]
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A layer kind's formulas, per sample, for a residual block on a C x S x S map (an MLP token is a 1 x 1 map).
+
+    Forward multiply-adds are `macs` C^2 S^2; input-grad and weight-grad each cost the same again.
+    """
+
+    macs: int  # forward multiply-adds per C^2 S^2
+    weights: int  # weights per C^2
+    vectors: int  # biases and norm scales and shifts per C
+    stash: int  # elements autograd keeps from forward to backward, per C S^2
+    shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
+    spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
+    sample: str = "image"  # what one sample is, for reports
+
+
+KINDS = {
+    # x + W2 gelu(W1 layernorm(x)), 4x expansion: two C x 4C matmuls; biases 4C + C, layernorm 2C;
+    # kept: layernorm input and output (C each), fc1 output and gelu output (4C each)
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, spatial=False, sample="token"),
+    # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
+    # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input)
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4),
+    # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
+    # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
+    # conv1 output and relu2 output (C S^2 each)
+    "down": Kind(macs=14, weights=14, vectors=3, stash=6, shrink=2),
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's work per sample (a token for "mlp", an image for "conv" and "down"); the profile's
+    costs for its kind turn FLOPs into seconds. `hidden` is the width: hidden size, or channels C."""
+
+    kind: str
+    hidden: int
+    dtype_bytes: int = 2
+    side: int = 1  # the feature map's side S for conv kinds; 1 for an MLP
+
+    def __post_init__(self) -> None:
+        k = KINDS.get(self.kind)
+        if k is None:
+            raise ModelError(f"unknown layer kind {self.kind!r}; parsim knows: {', '.join(sorted(KINDS))}")
+        if min(self.hidden, self.dtype_bytes, self.side) < 1:
+            raise ModelError(f"a {self.kind} layer needs hidden, side and dtype_bytes >= 1, got "
+                             f"{self.hidden}, {self.side}, {self.dtype_bytes}")
+        if self.hidden % k.shrink or (not k.spatial and self.side != 1):
+            raise ModelError(f"a {self.kind} layer needs " + (f"channels divisible by {k.shrink}, got {self.hidden}"
+                                                               if k.spatial else f"no side, got {self.side}"))
+
+    @property
+    def formulas(self) -> Kind:
+        return KINDS[self.kind]
+
+    @property
+    def sample(self) -> str:
+        """What one sample is: "token" or "image"."""
+        return self.formulas.sample
+
+    @property
+    def flops_per_token(self) -> float:
+        """FLOPs of the forward (and of each of input-grad, weight-grad) per sample: 2 per multiply-add."""
+        return 2.0 * self.formulas.macs * self.hidden**2 * self.side**2
+
+    @property
+    def params(self) -> int:
+        return self.formulas.weights * self.hidden**2 + self.formulas.vectors * self.hidden
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        """One sample's input: (C,) for an MLP, (channels, side, side) for a conv kind."""
+        k = self.formulas
+        return (self.hidden // k.shrink, self.side * k.shrink, self.side * k.shrink) if k.spatial else (self.hidden,)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.hidden, self.side, self.side) if self.formulas.spatial else (self.hidden,)
+
+    @property
+    def out_bytes_per_token(self) -> int:
+        return self.hidden * self.side**2 * self.dtype_bytes
+
+    @property
+    def stash_bytes_per_token(self) -> int:
+        """Activations kept for the backward (see KINDS)."""
+        return self.formulas.stash * self.hidden * self.side**2 * self.dtype_bytes
+
+    # memory beyond the stash (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
+    forward_workspace_bytes_per_token = 0
+    backward_workspace_bytes_per_token = 0
+    captured_bytes_per_token = 0
+    weight_grad_held_bytes_per_token = 0
+
+    @property
+    def cost_key(self) -> str:
+        """The profile key of costs fitted at this layer's shape: "mlp@2048", "conv@64x56"."""
+        return f"{self.kind}@{self.hidden}" + (f"x{self.side}" if self.formulas.spatial else "")
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """One part, priced by the shape's costs or the kind's: the same FLOPs in each op."""
+        hint = "; calibrate them with `python -m hw calibrate --conv`" if self.formulas.spatial else ""
+        f = self.flops_per_token
+        return (Part((self.cost_key, self.kind), (f, f, f), hint),)

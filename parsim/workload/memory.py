@@ -1,0 +1,110 @@
+"""Memory per GPU: weights, gradients and optimizer state, plus the activations and working memory its program
+holds, walked layer by layer through the schedule.
+
+A forward adds each layer's stash (what autograd keeps for its backward), and the stage's output, which the
+runner keeps until the backward; a backward frees them layer by layer; each layer's transient working memory
+counts only while it runs. A split backward's input-grad frees nothing and keeps every weighted module's output
+gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient. The batch
+itself is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsim.errors import ModelError
+from parsim.schedules import Op, Schedule
+from parsim.workload.models import Model
+from parsim.workload.partition import stage_layers
+
+# extra bytes per parameter, beyond the weight, by optimizer
+OPTIMIZERS = {
+    "adam": "mixed-precision Adam: bf16 weights and gradients, fp32 master weights and two fp32 moments "
+            "(16 bytes per parameter), all held for the whole step",
+    "none": "weights, and gradients made during the step (what `hw measure` runs: no optimizer step)",
+}
+MASTER_AND_MOMENTS_BYTES = 12  # Adam's fp32 master weight and two moments
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """One layer's memory for one micro-batch, in bytes."""
+
+    stash: int
+    forward_workspace: int
+    backward_workspace: int
+    captured: int  # kept from the forward for a split backward's weight-grad
+    held: int  # output gradients a split backward's input-grad keeps for its weight-grad
+    grads: int  # its parameters' gradients
+
+
+def layer_memory(layer, samples: int) -> LayerMemory:
+    return LayerMemory(layer.stash_bytes_per_token * samples, layer.forward_workspace_bytes_per_token * samples,
+                       layer.backward_workspace_bytes_per_token * samples,
+                       layer.captured_bytes_per_token * samples,
+                       layer.weight_grad_held_bytes_per_token * samples, layer.params * layer.dtype_bytes)
+
+
+def static_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
+    """Bytes per parameter held the whole step: the weight, and for Adam its gradient, master and moments."""
+    if optimizer not in OPTIMIZERS:
+        raise ModelError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+    return dtype_bytes + (dtype_bytes + MASTER_AND_MOMENTS_BYTES if optimizer == "adam" else 0)
+
+
+def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: str = "adam") -> list[int]:
+    """Per rank of `schedule`, the most memory it holds at once: weights (and, for Adam, gradients and
+    optimizer state), plus activations and working memory at the worst point of its program, for
+    micro-batches of `samples` samples."""
+    split = {(a.stage, a.microbatch) for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
+    stages = [[layer_memory(model.layers[i], samples) for i in ids] for ids in stage_layers(model, schedule.num_stages)]
+    outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in stage_layers(model, schedule.num_stages)]
+    last = schedule.num_stages - 1
+    peaks = []
+    for rank, acts in enumerate(schedule.actions):
+        mine = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
+        static = sum(static_bytes_per_param(optimizer, model.layers[i].dtype_bytes) * model.layers[i].params
+                     for s in mine for i in stage_layers(model, schedule.num_stages)[s])
+        peaks.append(_walk(acts, stages, outputs, last, split, static, made_grads=optimizer == "none"))
+    return peaks
+
+
+def _walk(acts, stages: list[list[LayerMemory]], outputs: list[int], last: int, split: set, static: int,
+          made_grads: bool) -> int:
+    """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward."""
+    held = peak = static
+    graded: set[tuple[int, int]] = set()
+
+    def grads(stage: int, i: int, layer: LayerMemory) -> int:
+        if not made_grads or (stage, i) in graded:
+            return 0
+        graded.add((stage, i))
+        return layer.grads
+
+    for a in acts:
+        layers = stages[a.stage]
+        kept = outputs[a.stage] if a.stage != last else 0
+        if a.op == Op.FORWARD:
+            extra = (a.stage, a.microbatch) in split
+            for layer in layers:
+                peak = max(peak, held + layer.forward_workspace)
+                held += layer.stash + (layer.captured if extra else 0)
+            held += kept
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            held -= kept
+            for i in reversed(range(len(layers))):
+                layer = layers[i]
+                if a.op == Op.BACKWARD:
+                    new = grads(a.stage, i, layer)
+                    peak = max(peak, held + layer.backward_workspace + new)
+                    held += new - layer.stash
+                else:
+                    peak = max(peak, held + layer.backward_workspace)
+                    held += layer.held
+        elif a.op == Op.BACKWARD_WEIGHT:  # the graph I kept goes only once every weight-grad is done
+            for i, layer in enumerate(layers):
+                held += grads(a.stage, i, layer)
+                peak = max(peak, held)
+            held -= sum(layer.stash + layer.captured + layer.held for layer in layers)
+        peak = max(peak, held)
+    return peak

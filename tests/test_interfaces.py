@@ -1,0 +1,190 @@
+"""The three data-parallel interfaces: the GIL experiment, nn.DataParallel's step against DDP, Hogwild on CPU cores."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import simpy
+from conftest import make_profile
+
+from parsim.errors import ProfileError
+from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_step_s, launch_figures,
+                               launch_threads_s, step_bytes, hogwild_model)
+from parsim.profile import CollectiveSpec, CpuCosts, GilCosts, HostCosts, KernelCost, from_json, load_profile
+from parsim.sim.cpu import SharedRate, core_speed
+from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s
+from parsim.workload import StageCost, Work
+
+GIL = GilCosts(launch_s=8e-6, contended_launch_s=2e-6, threads=8, thread_s=50e-6, replicate_module_s=10e-6,
+               source="tests")
+CPU = CpuCosts(cores=4, core_speed={1: 1.0, 4: 0.8}, core_bandwidth_Bps=1e12, bandwidth_Bps=1e13, step_s=0.01,
+               step_model="2x16x8", source="tests")
+
+
+def _profile(gil: GilCosts | None = GIL, cpu: CpuCosts | None = CPU, **kw):
+    p = make_profile(**kw)
+    return dataclasses.replace(p, host=HostCosts(0.0, 0.0, launch_s=8e-6, sync_s=4e-6), gil=gil, cpu=cpu,
+                               kernels={"matmul": KernelCost(1e-6, 1e13), "elementwise": KernelCost(1e-6, 1e12)},
+                               collectives={"allreduce": CollectiveSpec(0.0, 1e15)})
+
+
+# --- the profile's optional sections ------------------------------------------------------------------
+
+def test_sections_round_trip_through_a_file_and_stay_absent_when_unmeasured(tmp_path):
+    from parsim.profile import save_profile
+
+    path = tmp_path / "p.json"
+    save_profile(_profile(bandwidth_Bps=1e11), path)
+    assert load_profile(path) == _profile(bandwidth_Bps=1e11)
+    save_profile(make_profile(bandwidth_Bps=1e11), path)
+    doc = json.loads(path.read_text())
+    assert "gil" not in doc and "cpu" not in doc
+    assert load_profile(path).gil is None
+
+
+def test_the_shipped_profile_still_loads_without_them():
+    shipped = load_profile()
+    assert shipped.gil is None and shipped.cpu is None and "mlp" in shipped.layers
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["gil"].update(contended_launch_s=0), r"gil.contended_launch_s must be a positive number"),
+    (lambda d: d["gil"].update(threads=0.5), r"gil.threads must be a whole number"),
+    (lambda d: d["cpu"].update(core_speed={"x": 1.0}), r"cpu.core_speed"),
+    (lambda d: d["cpu"].update(core_speed={"2": 0.9}), r"no speed for 1 busy core"),
+    (lambda d: d.update(cpu=[]), r"cpu is missing or not an object"),
+])
+def test_malformed_sections_name_the_field(edit, message):
+    doc = json.loads(json.dumps(_profile(bandwidth_Bps=1e11).to_json()))
+    edit(doc)
+    with pytest.raises(ProfileError, match=message):
+        from_json(doc)
+
+
+@pytest.mark.parametrize("name,section", [("data-parallel", "gil"), ("hogwild", "cpu")])
+def test_a_scenario_without_its_costs_names_the_calibration_in_one_line(name, section):
+    result = subprocess.run([sys.executable, "-m", "parsim", "scenario", name], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no {section} section" in lines[0] and "hw calibrate --interfaces" in lines[0]
+
+
+# --- the GIL experiment ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("launch_us,contended_us", [(8.0, 2.0), (8.0, 5.0), (8.0, 8.0), (8.0, 11.0)])
+def test_launch_throughput_is_the_threads_own_pace_until_the_gil_binds(launch_us, contended_us):
+    gil = dataclasses.replace(GIL, launch_s=launch_us * 1e-6, contended_launch_s=contended_us * 1e-6)
+    figures = launch_figures(gil, threads=(1, 2, 3, 8))
+    assert figures["launch_threads1_s"] == pytest.approx(launch_us * 1e-6)
+    for n in (2, 3, 8):
+        expected = min(n, launch_us / contended_us)  # the lock's pace: held time plus any handoff
+        assert figures[f"launch_threads{n}_speedup_ratio"] == pytest.approx(expected, rel=n / 200 + 1e-6)
+
+
+def test_more_gil_per_launch_never_makes_threads_faster():
+    times = [launch_threads_s(dataclasses.replace(GIL, contended_launch_s=c * 1e-6), 4) for c in (1, 2, 4, 8, 12)]
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+# --- nn.DataParallel against DDP ------------------------------------------------------------------------
+
+def _replica(layers: int = 4, gpu_s: float = 0.0, host_s: float = 10e-6, params: int = 1000) -> Replica:
+    layer = StageCost(Work(gpu_s, host_s, 1), Work(gpu_s, host_s, 1), Work(gpu_s, host_s, 1), 1000, 1000, params)
+    return Replica((layer,) * layers, 1000, modules=5)
+
+
+def test_one_gpu_is_the_plain_step_with_no_replicas_or_threads():
+    """Host-bound and GPU-free: forward, loss and backward call under the GIL, then backward in one device thread."""
+    p = _profile(gil=dataclasses.replace(GIL, contended_launch_s=GIL.launch_s))
+    step = data_parallel_step_s(_replica(layers=4, host_s=10e-6), 1, p)
+    assert step == pytest.approx(4 * 10e-6 + 2 * 8e-6 + 4 * 20e-6)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_forward_threads_take_turns_under_the_gil_and_replicate_grows_with_gpus(gpus):
+    """All of a launch holds the GIL: the replicas' forwards add up; backward's C++ overlaps across GPUs."""
+    gil = dataclasses.replace(GIL, contended_launch_s=GIL.launch_s)
+    p = _profile(gil=gil)
+    replica = _replica(layers=4, host_s=10e-6)
+    step = data_parallel_step_s(replica, gpus, p)
+    # main: scatter (gpus-1) + broadcast launches, replicate, thread starts; threads: forwards in turn;
+    # main: gathers (gpus-1), loss, backward call; GPU 0's thread: grad scatters (gpus-1); backward C++ in parallel;
+    # GPU 0's thread: the reduce's launch
+    serial = ((gpus - 1) + 1) * 8e-6 + 5 * gpus * 10e-6 + gpus * 50e-6 + gpus * 4 * 10e-6 \
+        + (gpus - 1) * 8e-6 + 2 * 8e-6 + (gpus - 1) * 8e-6 + 4 * 20e-6 + 8e-6
+    assert step == pytest.approx(serial)
+
+
+def test_a_launch_that_releases_the_gil_lets_the_forwards_overlap():
+    held = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(GIL, contended_launch_s=8e-6)))
+    released = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(GIL, contended_launch_s=2e-6)))
+    assert released < held
+    # overlap saves at most the released part (3/4) of the launches under the GIL: 4 x 4 layer forwards, and
+    # 3 scatters, a broadcast, 3 gathers, the loss, the backward call, 3 gradient scatters and the reduce
+    assert held - released <= (16 * 10e-6 + 13 * 8e-6) * (1 - 2 / 8) + 1e-12
+
+
+def test_ddp_beats_data_parallel_and_the_text_model_never_gains_from_data_parallel():
+    figures = data_parallel(_profile(bandwidth_Bps=300e9, latency_s=5e-6)).figures
+    for g in range(2, 9):
+        assert figures[f"ddp_mlp_{g}gpus_s"] < figures[f"dp_mlp_{g}gpus_s"]
+        assert figures[f"dp_text_{g}gpus_speedup_ratio"] < 1.0
+    assert figures["dp_mlp_1gpus_s"] == pytest.approx(figures["ddp_mlp_1gpus_s"], rel=0.01)
+    assert figures["ddp_mlp_8gpus_speedup_ratio"] > 5
+
+
+def test_a_cpu_calibration_predicts_the_launch_experiment_and_says_why_not_the_rest():
+    result = data_parallel(_profile(gil=dataclasses.replace(GIL, replicate_module_s=None)))
+    assert "launch_threads8_speedup_ratio" in result.figures and not any(k.startswith("dp_") for k in result.figures)
+    assert any("replicate_module_s" in a for a in result.assumptions)
+
+
+# --- Hogwild ---------------------------------------------------------------------------------------------
+
+def test_processor_sharing_ends_jobs_as_their_share_allows():
+    env = simpy.Environment()
+    shared = SharedRate(env, lambda n: 1.0 / n)  # one unit per second in all
+    ends = {}
+
+    def job(name, units, start):
+        yield env.timeout(start)
+        yield shared.serve(units)
+        ends[name] = env.now
+
+    env.process(job("a", 1.0, 0.0))
+    env.process(job("b", 3.0, 0.0))
+    env.process(job("c", 1.0, 1.0))
+    env.run()
+    # 0-1: a and b at 1/2 (a has 0.5 left); 1-2.5: a, b, c at 1/3: a ends at 2.5, c has 0.5 left, b 2.0; then 1/2 each
+    assert ends == {"a": pytest.approx(2.5), "c": pytest.approx(3.5), "b": pytest.approx(5.0)}
+
+
+def test_core_speed_is_linear_between_measured_counts():
+    assert [core_speed(CPU, n) for n in (1, 2, 4, 9)] == pytest.approx([1.0, 1 - 0.2 / 3, 0.8, 0.8])
+
+
+@pytest.mark.parametrize("n", HOGWILD_PROCESSES)
+def test_hogwild_scales_with_busy_cores_then_shares_them(n):
+    t = hogwild_step_s(CPU, n)
+    busy = min(n, CPU.cores)
+    assert 1 / t == pytest.approx(busy * core_speed(CPU, busy) / CPU.step_s)
+
+
+def test_hogwild_is_held_to_the_memory_bandwidth_once_it_binds():
+    nbytes = step_bytes(hogwild_model(CPU))
+    bandwidth = 2 * nbytes / CPU.step_s  # two processes' worth
+    cpu = dataclasses.replace(CPU, cores=16, core_speed={1: 1.0}, bandwidth_Bps=bandwidth, core_bandwidth_Bps=1e15)
+    assert 1 / hogwild_step_s(cpu, 1) == pytest.approx(1 / CPU.step_s)
+    assert 1 / hogwild_step_s(cpu, 8) == pytest.approx(bandwidth / nbytes)
+
+
+def test_hogwild_scenario_prints_what_it_assumes():
+    result = hogwild(_profile())
+    assert result.figures["hogwild_procs1_speedup_ratio"] == 1.0
+    assert result.figures["hogwild_procs16_speedup_ratio"] == pytest.approx(4 * 0.8)
+    assert any("4 cores" in a for a in result.assumptions) and any("tests" in a for a in result.assumptions)
