@@ -97,21 +97,31 @@ def spaces(draw):
     if draw(st.booleans()):
         bus = draw(st.sampled_from([1e9, 1e11]))
         profile = dataclasses.replace(profile, collectives={"allreduce": CollectiveSpec(1e-5, bus)})
+    runtimes = {}
     if draw(st.booleans()):
-        torch = RuntimeCosts(draw(st.sampled_from([0.0, 2e-5])), draw(st.sampled_from([0.0, 8e-6])),
-                             layer_host=draw(st.sampled_from([0.0, 1.0])), step_s=draw(st.sampled_from([0.0, 3e-5])))
-        profile = dataclasses.replace(profile, runtimes={"torch": torch})
+        runtimes["torch"] = RuntimeCosts(draw(st.sampled_from([0.0, 2e-5])), draw(st.sampled_from([0.0, 8e-6])),
+                                         layer_host=draw(st.sampled_from([0.0, 1.0])),
+                                         step_s=draw(st.sampled_from([0.0, 3e-5])))
+    if draw(st.booleans()):  # the graphed runtimes: cheaper launches and GPU time, a gradient add per action
+        graphs = RuntimeCosts(draw(st.sampled_from([0.0, 1e-5])), 0.0, layer_host=0.0, gpu_scale=0.9,
+                              gpu_fixed_scale=0.7, accumulate_s=draw(st.sampled_from([0.0, 4e-6])),
+                              accumulate_Bps=draw(st.sampled_from([1e9, 1e12])))
+        runtimes |= {"graphs": graphs, "graphs-step": dataclasses.replace(graphs, action_s=0.0, step_s=2e-5)}
+    if draw(st.booleans()):
+        profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, split_backward_s=3e-6))
+    profile = dataclasses.replace(profile, runtimes=runtimes)
     return model, draw(st.sampled_from([1, 2, 3, 4, 4, 6, 8, 8])), profile, draw(st.integers(1, 5))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(space=spaces(), limit_at=st.sampled_from([None, 0.3, 0.7]))
-def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(space, limit_at):
+@given(space=spaces(), limit_at=st.sampled_from([None, 0.3, 0.7]), partition=st.sampled_from(["equal", "both"]),
+       optimizer=st.sampled_from(["adam", "none"]))
+def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(space, limit_at, partition, optimizer):
     """Every configuration simulated: no floor above its own step time; and the pruned search's top K (with a
     memory limit at a quantile of what they need, or none) are the exhaustive search's, in order, to the bit."""
     model, gpus, profile, top = space
-    todo = shapes(model, gpus, profile, costed_runtimes(profile), max_microbatches=16)
-    everything = [(s, evaluate(s, model, profile)) for s in todo]
+    todo = shapes(model, gpus, profile, costed_runtimes(profile), max_microbatches=16, partition=partition)
+    everything = [(s, evaluate(s, model, profile, optimizer=optimizer)) for s in todo]
     ran = [(s, c) for s, c in everything if c is not None]
     for shape, c in ran:
         assert shape.floor_s <= c.prediction.step_time_s, (c.runtime, c.label)
@@ -119,20 +129,30 @@ def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(sp
     limit = memory[int(limit_at * len(memory))] if limit_at is not None and memory else None
     exhaustive = sorted(((c.prediction.step_time_s, s.index, c) for s, c in ran
                          if limit is None or c.memory_bytes <= limit), key=lambda x: x[:2])[:top]
-    found = search(model, gpus, profile, limit, top=top, max_microbatches=16)
+    found = search(model, gpus, profile, limit, top=top, max_microbatches=16, partition=partition, optimizer=optimizer)
     assert [(c.runtime, c.label, c.prediction.step_time_s) for c in found.fits] == \
         [(c.runtime, c.label, step) for step, _, c in exhaustive]
     assert found.considered == len(todo) == found.pruned + len(found.too_big) + found.cannot_run + found.simulated
 
 
-def test_search_on_several_processes_finds_what_one_finds():
+@pytest.mark.parametrize("top,limit", [(4, None), (4, 2.2e6), (None, None)])
+def test_search_on_several_processes_finds_what_one_finds(top, limit):
+    """Every runtime (the graphed ones with a gradient add), a memory limit or none, the top 4 or everything."""
+    graphs = RuntimeCosts(2e-7, 0.0, layer_host=0.0, gpu_scale=0.9, accumulate_s=1e-6, accumulate_Bps=1e11)
     profile = dataclasses.replace(make_profile(latency_s=1e-5, bandwidth_Bps=1e10, action_s=1e-6),
-                                  collectives={"allreduce": CollectiveSpec(1e-5, 1e10)})
-    one = search(MODEL, 4, profile, top=4, jobs=1)
-    two = search(MODEL, 4, profile, top=4, jobs=2)
-    assert [c.label for c in two.fits] == [c.label for c in one.fits]
+                                  collectives={"allreduce": CollectiveSpec(1e-5, 1e10)},
+                                  runtimes={"torch": RuntimeCosts(2e-6, 1e-6), "graphs": graphs,
+                                            "graphs-step": dataclasses.replace(graphs, step_s=1e-5)})
+    one = search(MODEL, 4, profile, limit, top=top, jobs=1, partition="both")
+    two = search(MODEL, 4, profile, limit, top=top, jobs=2, partition="both")
+    assert [(c.runtime, c.label) for c in two.fits] == [(c.runtime, c.label) for c in one.fits]
     assert [c.prediction for c in two.fits] == [c.prediction for c in one.fits]
     assert two.jobs == 2 and two.considered == one.considered
+    if top is None:
+        assert {c.runtime for c in one.fits} == {"hw", "torch", "graphs", "graphs-step"}
+    if limit is not None:
+        assert one.too_big and all(c.memory_bytes > limit for c in one.too_big + two.too_big)
+        assert all(c.memory_bytes <= limit for c in one.fits)
 
 
 def test_plan_searches_every_runtime_the_profile_costs_unless_told_one():

@@ -9,7 +9,7 @@ backward of its stage; and a host launches everything one launch at a time. No s
 
 from __future__ import annotations
 
-from parsim.profile import Profile
+from parsim.profile import ACCUMULATE, Profile
 from parsim.sim.dataparallel import allreduce_spec
 from parsim.sim.lower import link_for
 from parsim.workload import StageCost
@@ -25,7 +25,9 @@ def step_floor_s(stage_to_rank: tuple[int, ...], costs: list[StageCost], microba
     for s, rank in enumerate(stage_to_rank):
         stages_of[rank].append(s)
     chains = _chains(stage_to_rank, costs, profile)
-    compute = _compute_floor_s(stages_of, chains, costs, microbatches, splits_backward)
+    add = profile.kernels.get(ACCUMULATE)
+    adds = [(microbatches - 1) * add.time_s(3 * c.grad_bytes) if add else 0.0 for c in costs]
+    compute = _compute_floor_s(stages_of, chains, costs, microbatches, splits_backward, adds)
     host = _host_floor_s(stage_to_rank, stages_of, costs, microbatches, profile, data_parallel, buckets or {})
     reduce = _allreduce_floor_s(stages_of, chains[0], costs, microbatches, profile, data_parallel, buckets or {})
     return SLACK * max(compute, host, reduce)
@@ -48,24 +50,26 @@ def _chains(owner: tuple[int, ...], costs: list[StageCost], profile: Profile) ->
 
 
 def _compute_floor_s(stages_of: list[list[int]], chains: tuple[list[float], ...], costs: list[StageCost], m: int,
-                     splits_backward: bool) -> float:
+                     splits_backward: bool, adds: list[float]) -> float:
     """The slowest GPU: for each of its stages s, the fill to s, its ops on stages >= s back to back, the drain.
 
     After the last of a GPU's ops on stages >= s come the backwards below s: whole ones where every backward
     is whole; where some are split, after its last input-grad (or whole backward) come the input-grads below s,
-    and only weight-grads, which nothing waits for, may follow it on the GPU.
+    and only weight-grads, which nothing waits for, may follow it on the GPU. adds: per stage, the gradient
+    adds its gradient actions make after the first (on whichever of B and W: counted only in the whole).
     """
     reach, drain, drain_input = chains
     slowest = 0.0
     for mine in stages_of:
-        work = weights = 0.0  # of this GPU's stages >= s, all micro-batches
+        work = weights = added = 0.0  # of this GPU's stages >= s, all micro-batches
         for s in reversed(mine):
             work += m * (costs[s].forward.gpu_s + costs[s].backward.gpu_s)
             weights += m * costs[s].backward_weight.gpu_s
+            added += adds[s]
             if splits_backward:
-                after = max(work, work - weights + drain_input[s])
+                after = max(work + added, work - weights + drain_input[s])
             else:
-                after = work + drain[s]
+                after = work + added + drain[s]
             slowest = max(slowest, reach[s] + after)
     return slowest
 
