@@ -104,9 +104,10 @@ def test_the_readmes_hw_commands_answer_help(command):
     assert docs.help_text(f"hw {sub}").startswith(f"usage: python -m hw {sub}")
 
 
-def test_the_readmes_hw_measure_runs_on_the_cpu_with_a_tiny_model():
+def test_the_documented_hw_measure_runs_on_the_cpu_with_a_tiny_model():
     pytest.importorskip("torch")
-    command = next(c for _, c in documented_commands([README]) if c.startswith("python -m hw measure"))
+    command = next(c for _, c in documented_commands([ROOT / "docs" / "measurements.md"])
+                   if c.startswith("python -m hw measure"))
     tiny = ["--cpu", "--layers", "2", "--hidden", "16", "--tokens", "16", "--steps", "2", "--warmup", "1"]
     result = subprocess.run([sys.executable, *shlex.split(command)[1:], *tiny], capture_output=True, text=True,
                             cwd=ROOT, timeout=300)
