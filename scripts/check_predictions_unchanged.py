@@ -4,8 +4,8 @@ branch left main), over a grid of schedules x GPUs x micro-batches x runtimes x 
 Run: python scripts/check_predictions_unchanged.py [--base COMMIT] [--quick]
 It checks the base commit out into a temporary git worktree, runs the grid in one process per tree (each
 importing its own parsim), prints the points whose output differs (errors included) and exits 1 if any does.
-The torch runtime runs with a profile that has torch costs: the shipped one's, slower per action and message,
-with per-step bookkeeping.
+Every runtime runs with the shipped profile's costs for it; the torch runtime also with made-up ones (the shipped
+profile's hw costs, slower per action and message, with per-step bookkeeping), as "torch*".
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ for argv in json.load(sys.stdin):
 print(json.dumps(out))
 """
 
-SCHEDULES = {
-    "hw": ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zbv", "dualpipev", "looped-bfs"],
-    "torch": ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"],
-}
+HW = ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zbv", "dualpipev", "looped-bfs"]
+TORCH = ["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"]
+SCHEDULES = {"hw": HW, "torch": TORCH, "torch*": TORCH, "graphs": HW, "graphs-step": HW}
+COPY_STREAMS = {"hw", "graphs"}  # the runtimes that take --copy-streams
 
 
 def grid(torch_profile: str, quick: bool) -> list[list[str]]:
@@ -48,15 +48,15 @@ def grid(torch_profile: str, quick: bool) -> list[list[str]]:
     points = []
     for runtime, names in SCHEDULES.items():
         for name in names:
-            for g in gpus:
+            for g in gpus if runtime != "graphs-step" else (1, 2):  # graphs-step: one GPU (2: refused alike)
                 for m in microbatches:
                     for dp in (1, 2):
-                        for copy in ((False, True) if runtime == "hw" else (False,)):
+                        for copy in ((False, True) if runtime in COPY_STREAMS else (False,)):
                             argv = ["predict", "--json", "--layers", "32", "--tokens", "4096", "--schedule", name,
                                     "--gpus", str(g), "--microbatches", str(m), "--data-parallel", str(dp),
-                                    "--runtime", runtime]
+                                    "--runtime", runtime.rstrip("*")]
                             points.append(argv + (["--copy-streams"] if copy else [])
-                                          + (["--profile", torch_profile] if runtime == "torch" else []))
+                                          + (["--profile", torch_profile] if runtime == "torch*" else []))
     for v in (3, 4):  # more stages per GPU
         points.append(["predict", "--json", "--layers", "32", "--schedule", "interleaved-1f1b", "--gpus", "4",
                        "--microbatches", "8", "--virtual-stages", str(v)])
@@ -64,6 +64,11 @@ def grid(torch_profile: str, quick: bool) -> list[list[str]]:
                    "--partition", "time"])
     points.append(["predict", "--json", "--schedule", "1f1b", "--gpus", "32", "--microbatches", "128",
                    "--layers", "32", "--data-parallel", "2"])
+    for runtime in ("hw", "graphs"):  # a transformer preset, split by time, with the shipped transformer costs
+        for name in ("1f1b", "zbv"):
+            points.append(["predict", "--json", "--model", "llama-3.2-1b", "--seq-len", "512", "--global-batch", "16",
+                           "--schedule", name, "--gpus", "4", "--microbatches", "8", "--partition", "time",
+                           "--runtime", runtime])
     return points
 
 
