@@ -131,7 +131,7 @@ def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], s
     out: list[Shape] = []
     for runtime in runtimes:
         run_profile = runtime.costs(profile)
-        splits_of: dict[tuple[int, int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
+        splits_of: dict[tuple[int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
         names = [n for n in (schedules or runtime.schedules()) if n in runtime.schedules()]
         for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if dp_ok else (1,):
             pp = gpus // dp
@@ -142,7 +142,7 @@ def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], s
                         stages = len(owner)
                         if stages > len(model.layers) or (pp == 1 and stages > 1):
                             continue
-                        key = (stages, m, dp)
+                        key = (stages, m * dp)  # a micro-batch's samples (batch / (m x dp)): all a split needs
                         if key not in splits_of:
                             splits_of[key] = _splits(model, partition, stages, m, run_profile, dp)
                         for balance, costs in splits_of[key]:

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 from conftest import make_profile
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parsim.errors import ModelError
 from parsim.profile import LayerCosts, OpCost
@@ -114,6 +116,45 @@ def test_partition_by_time_with_host_costs_is_as_good_as_every_split(seed):
     fixed = rng.choice([0.0, 1.0])
     balance = partition_by_time(gpu, stages, host, fixed)
     assert _slowest(gpu, balance, host, fixed) == pytest.approx(_brute_force(gpu, stages, host, fixed), rel=1e-12, abs=0)
+
+
+def _scan_every_cut(gpu: list[float], stages: int, host: list[float] | None, fixed: float) -> tuple[int, ...]:
+    """partition_by_time's dynamic programme with every cut tried at each step (its first form, O(stages x n^2))."""
+    from parsim.workload.partition import _prefix
+
+    n, inf = len(gpu), float("inf")
+    g, h = _prefix(gpu), _prefix(host) if host is not None else None
+    time = lambda a, b: g[b] - g[a] if h is None else max(g[b] - g[a], fixed + h[b] - h[a])
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                slowest = max(best[k - 1][j], time(j, i))
+                if slowest < best[k][i]:
+                    best[k][i], cut[k][i] = slowest, j
+    equal = partition(n, stages)
+    if max(time(r.start, r.stop) for r in equal) <= best[stages][n] * (1 + 1e-12):
+        return tuple(len(r) for r in equal)
+    balance, i = [], n
+    for k in range(stages, 0, -1):
+        balance.append(i - cut[k][i])
+        i = cut[k][i]
+    return tuple(reversed(balance))
+
+
+_TIMES = st.one_of(st.floats(0, 1), st.integers(0, 3).map(float), st.sampled_from([0.0, 0.1, 0.2, 0.3, 1e-9]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpu=st.lists(_TIMES, min_size=1, max_size=40), data=st.data())
+def test_partition_by_time_bisects_to_the_cut_a_scan_of_every_cut_finds(gpu, data):
+    """The same balance, ties and zeros included (where several cuts give the slowest stage, the first)."""
+    stages = data.draw(st.integers(1, len(gpu)))
+    host = data.draw(st.none() | st.lists(_TIMES, min_size=len(gpu), max_size=len(gpu)))
+    fixed = data.draw(st.sampled_from([0.0, 0.25, 1.0])) if host is not None else 0.0
+    assert partition_by_time(gpu, stages, host, fixed) == _scan_every_cut(gpu, stages, host, fixed)
 
 
 def test_a_host_bound_stage_is_not_given_more_layers_for_its_light_kernels():

@@ -46,9 +46,9 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     A stage takes the sum of its layers' `gpu` times, or, given `host`, the slower of that and its
     host's time (host_fixed_s per stage plus its layers' launch times): within a stage the host
     launches while the GPU runs, so the two overlap, and a host-bound stage is slow however light
-    its kernels. Exact, by dynamic programming over (stages, layers): O(stages x layers^2), instant
-    at hundreds of layers. Where the equal split is already optimal it is kept: it is what
-    `--partition equal` runs.
+    its kernels. Exact, by dynamic programming over (stages, layers), each step's best cut found where two
+    monotone sequences cross (_best_cut): O(stages x layers), so plan can split every configuration it
+    considers. Where the equal split is already optimal it is kept: it is what `--partition equal` runs.
     """
     n = len(gpu)
     _check_stages(n, num_stages)
@@ -64,11 +64,9 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
     best[0][0] = 0.0
     for k in range(1, num_stages + 1):
+        cross = k - 1  # where best[k - 1] meets the last stage's time: it only moves right as that stage grows
         for i in range(k, n - (num_stages - k) + 1):
-            for j in range(k - 1, i):
-                slowest = max(best[k - 1][j], stage_time(j, i))
-                if slowest < best[k][i]:
-                    best[k][i], cut[k][i] = slowest, j
+            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j: stage_time(j, i), k - 1, i - 1, cross)
     equal = partition(n, num_stages)
     if max(stage_time(r.start, r.stop) for r in equal) <= best[num_stages][n] * (1 + 1e-12):
         return tuple(len(r) for r in equal)
@@ -77,6 +75,33 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
         balance.append(i - cut[k][i])
         i = cut[k][i]
     return tuple(reversed(balance))
+
+
+def _best_cut(before: list[float], last, lo: int, hi: int, cross: int) -> tuple[float, int, int]:
+    """min over j in [lo, hi] of max(before[j], last(j)), the first j that gives it (what a scan of every j finds),
+    and the first j from `cross` on where before[j] >= last(j) (or hi + 1).
+
+    before[j] (the best split of the first j layers) never falls as j grows and last(j) (the stage from j on)
+    never rises, in floats too (prefix sums only grow; rounding keeps order): left of that crossing the larger
+    is last(j), falling, and from it on before[j], rising. The crossing never moves left as the last stage
+    ends later (last(j) grows), so the caller passes the previous one and the search is linear in all.
+    """
+    a = cross
+    while a <= hi and before[a] < last(a):
+        a += 1
+    if a > lo:
+        left = last(a - 1)  # the least of the falling part, first reached where last(j) == left
+        if a > hi or left <= before[a]:
+            first, end = lo, a - 1
+            if first < end and last(end - 1) <= left:  # layers of no time before it: the first of the tie
+                while first < end:
+                    mid = (first + end) // 2
+                    if last(mid) <= left:
+                        end = mid
+                    else:
+                        first = mid + 1
+            return left, end, a
+    return before[a], a, a
 
 
 def _prefix(values: list[float]) -> list[float]:
