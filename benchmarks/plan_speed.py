@@ -3,17 +3,18 @@
 
 Run: python benchmarks/plan_speed.py [--repeat N] [--base COMMIT] [--base-repeat N]
 Cases, in turns round by round:
-- `plan --gpus 32 --layers 64 --top 3`, this checkout and --base (default c86fe3d, main before runtimes,
-  checked out into a temporary worktree); their top 3 (configuration and step time) must be the same;
-- `plan --gpus 64 --layers 128` with the shipped profile (every schedule and data-parallel degree; hw's
-  runner, the only runtime it has costs for), and with that profile given torch's runtime costs (so every
-  runtime too: 1.5x hw's per action and message, 40 us per step).
+- `plan --gpus 32 --layers 64 --top 3` at --base (default c86fe3d, main before runtimes, checked out into a
+  temporary worktree: hw's runner, equal splits, its shipped profile and schedules), and this checkout asked
+  the same question (`--profile` that commit's shipped profile, `--runtime hw --partition equal --schedules`
+  the ones it had); their top 3 (configuration and step time) must be the same;
+- `plan --gpus 32 --layers 64 --top 3` as this checkout asks it by default: today's shipped profile, every
+  runtime it has costs for (hw, torch, graphs, graphs-step) and both splits;
+- `plan --gpus 64 --layers 128`, the same way: every schedule, runtime, data-parallel degree and split.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import statistics
@@ -44,14 +45,6 @@ def top_rows(output: str) -> list[tuple[str, str]]:
     return [(m.group(3).strip(), m.group(4)) for m in map(ROW.match, output.splitlines()) if m]
 
 
-def torch_costed_profile(path: Path) -> None:
-    from parsim.profile import RuntimeCosts, load_profile, save_profile
-
-    profile = load_profile()
-    costs = RuntimeCosts(profile.host.action_s * 1.5, profile.host.p2p_s * 1.5, step_s=40e-6)
-    save_profile(dataclasses.replace(profile, runtimes={"torch": costs}), path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
@@ -68,8 +61,11 @@ def main() -> None:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
                        capture_output=True)
-        profile = Path(tmp) / "torch-profile.json"
-        torch_costed_profile(profile)
+        names = subprocess.run([sys.executable, "-c", "from parsim.schedules import SCHEDULES; print(','.join(SCHEDULES))"],
+                               cwd=base, env=os.environ | {"PYTHONPATH": str(base)}, capture_output=True, text=True,
+                               check=True).stdout.strip()
+        same_question = small + ["--profile", str(base / "parsim" / "profiles" / "default.json"), "--runtime", "hw",
+                                 "--partition", "equal", "--schedules", names]
         rounds = {"n": 0}
 
         def base_case() -> float:
@@ -79,11 +75,12 @@ def main() -> None:
             return run_plan(base, small, runs, "base")
 
         cases = {
-            "plan --gpus 32 --layers 64 --top 3": lambda: run_plan(ROOT, small, runs, "small"),
+            f"plan --gpus 32 --layers 64 --top 3 as {args.base} asks it": lambda: run_plan(ROOT, same_question, runs,
+                                                                                           "small"),
             f"plan --gpus 32 --layers 64 --top 3 at {args.base}": base_case,
-            "plan --gpus 64 --layers 128 (shipped profile: hw)": lambda: run_plan(ROOT, big, runs, "big"),
-            "plan --gpus 64 --layers 128 (with torch costs: hw, torch)":
-                lambda: run_plan(ROOT, big + ["--profile", str(profile)], runs, "big-torch"),
+            "plan --gpus 32 --layers 64 --top 3 (every runtime, both splits)":
+                lambda: run_plan(ROOT, small, runs, "small-all"),
+            "plan --gpus 64 --layers 128 (every runtime, both splits)": lambda: run_plan(ROOT, big, runs, "big"),
         }
         try:
             times = interleaved(cases, args.repeat)
@@ -95,10 +92,11 @@ def main() -> None:
     ours, theirs = top_rows(runs["small"][0]), top_rows(runs["base"][0])
     same = all(top_rows(o) == ours for o in runs["small"]) and all(top_rows(o) == theirs for o in runs["base"])
     speedup = statistics.median(times[f"plan --gpus 32 --layers 64 --top 3 at {args.base}"]) / \
-        statistics.median(times["plan --gpus 32 --layers 64 --top 3"])
+        statistics.median(times[f"plan --gpus 32 --layers 64 --top 3 as {args.base} asks it"])
     print(f"32 GPUs: {speedup:.1f}x faster than {args.base}; top 3 {'the same' if ours == theirs else 'DIFFERENT'}"
-          f"{'' if same else ' (and not the same across repeats)'}: {ours}")
-    for key in ("small", "big", "big-torch"):
+          f"{'' if same else ' (and not the same across repeats)'}: {ours}"
+          + ("" if ours == theirs else f"; {args.base}'s: {theirs}"))
+    for key in ("small", "small-all", "big"):
         print(f"{key}: {runs[key][0].splitlines()[-1]}")
     print(f"{load()} after")
 

@@ -59,5 +59,5 @@ def report(times: dict[str, list[float]]) -> list[str]:
     for name, ts in times.items():
         median = statistics.median(ts)
         every = ", ".join(f"{t:.2f}" for t in ts)
-        lines.append(f"{name:<58} {median:8.2f} s {median / ref:7.2f}x reference   [{every}]")
+        lines.append(f"{name:<66} {median:8.2f} s {median / ref:7.2f}x reference   [{every}]")
     return lines

@@ -27,8 +27,12 @@ CASES = [(8, 64), (64, 1024)]  # (stages, micro-batches)
 IN_PROCESS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from parsim.sim.machine import gc_paused
-from parsim.sim.predict import predict
+try:
+    from parsim.sim.machine import gc_paused
+    from parsim.sim.predict import predict
+except ImportError:  # a commit before parsim/sim/ (such as c86fe3d)
+    from parsim.machine import gc_paused
+    from parsim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import build
 from parsim.workload import mlp_model
