@@ -198,8 +198,8 @@ def test_ctrl_c_stops_plan_and_its_workers_with_one_line():
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "parsim", "plan", "--gpus", "64", "--layers", "128",
-                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                             "--top", "100000", "--jobs", "2"],  # every configuration simulated: minutes
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     time.sleep(2.5)  # imports done, the workers started and simulating
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
