@@ -148,6 +148,12 @@ class _Stepper:
         self.params = [p for module in stages.values() for p in module.parameters()]
         self.pinned = pins_host(self.runner)
 
+    def resident_bytes(self) -> int:
+        """What this job holds between its steps: its weights, their gradients, a graphed runner's pools."""
+        tensors = self.params + [p.grad for p in self.params if p.grad is not None]
+        pools = getattr(self.runner, "graph_pool_bytes", None) or {}
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(pools.values())
+
     def __call__(self, observe=None) -> None:
         for p in self.params:
             p.grad = None
@@ -160,7 +166,9 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
 
     The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
     that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
-    A job's peak memory is the process's during its steps: in a turn of several, the others' tensors count too.
+    A job's peak memory is its own: the process's peak during its step less what the other jobs of the process
+    (the turn's other runtimes, earlier turns' leftovers) held when it began (allocated then, less its own
+    resident bytes), so that one runtime's peak is comparable with a prediction for it alone.
     """
     steppers = [_Stepper(rank, device, job, m) for job, m in zip(jobs, made)]
 
@@ -185,19 +193,21 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
             with pinned(stepper):
                 _reset_peak(device)
                 settle()
+                others = _others_bytes(device, stepper)
                 t0 = time.perf_counter()
                 stepper(observe)
                 settle()
                 times[k].append(time.perf_counter() - t0)
-            peaks[k] = max(peaks[k], _peak(device))
+            peaks[k] = max(peaks[k], own_peak(_peak(device), others))
     out = []
     for k, stepper in enumerate(steppers):
         timer = ActionTimer(device)
         with pinned(stepper):
             _reset_peak(device)
+            others = _others_bytes(device, stepper)
             stepper(timer)
             settle()
-        peaks[k] = max(peaks[k], _peak(device))
+        peaks[k] = max(peaks[k], own_peak(_peak(device), others))
         config = stepper.job.config
         if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
             _profile_one_step(stepper, device, trace_path(config.trace, rank))
@@ -206,6 +216,18 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
                     "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
     return out
+
+
+def _others_bytes(device: torch.device, stepper: _Stepper) -> int:
+    """Bytes allocated on the device now that are not `stepper`'s job's."""
+    if device.type != "cuda":
+        return 0
+    return max(torch.cuda.memory_allocated(device) - stepper.resident_bytes(), 0)
+
+
+def own_peak(peak_bytes: int, others_bytes: int) -> int:
+    """A job's peak: the process's, less what other jobs held throughout its step."""
+    return max(peak_bytes - others_bytes, 0)
 
 
 def _reset_peak(device: torch.device) -> None:

@@ -253,15 +253,11 @@ def test_validate_takes_the_runtimes_in_turns_and_writes_the_runtime_column(tmp_
 
 
 def test_validate_refuses_a_runtime_the_profile_has_no_costs_for(tmp_path):
-    from dataclasses import replace
-
-    from parsim.profile import load_profile, save_profile
-
-    shipped = load_profile()  # it has torch's costs since the x2 lease: a copy without them
-    save_profile(replace(shipped, runtimes={k: v for k, v in shipped.runtimes.items() if k != "torch"}),
-                 tmp_path / "p.json")
+    doc = json.loads(open("parsim/profiles/default.json").read())
+    doc.pop("runtimes", None)
+    (tmp_path / "bare.json").write_text(json.dumps(doc))
     r = _hw("validate", "--cpu", "--runtimes", "hw,torch", "--gpus", "1", "--models", "2x16x8",
-            "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "v"))
+            "--profile", str(tmp_path / "bare.json"), "--out", str(tmp_path / "v"))
     assert r.returncode == 2 and "calibrate --runtimes torch" in r.stderr and r.stderr.count("\n") == 1
 
 
