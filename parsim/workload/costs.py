@@ -112,8 +112,10 @@ def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, 
     if how != "time":
         raise ModelError(f"unknown partition {how!r}; choose from {', '.join(PARTITIONS)}")
     times = layer_times(model, microbatch_tokens(model, num_microbatches, data_parallel), profile)
-    balance = partition_by_time([t.gpu_s for t in times], num_stages, [t.host_s for t in times],
-                                host_fixed_s=2 * profile.host.action_s)  # a forward and a backward action
+    # per micro-batch a stage's host also pays a forward and a backward action, each with a message posted
+    # (a receive or a send; inner stages post two)
+    fixed_s = 2 * (profile.host.action_s + (num_stages > 1) * profile.host.p2p_s)
+    balance = partition_by_time([t.gpu_s for t in times], num_stages, [t.host_s for t in times], host_fixed_s=fixed_s)
     return replace(model, balance=balance)
 
 
