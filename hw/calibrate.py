@@ -6,6 +6,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
      input-grad and full-backward GPU time over micro-batch sizes (weight-grad = full - input-grad), fitted
      to fixed_s + flops / flops_per_s per kind and per shape;
   2. the host: per layer (of each kind) and per action, from host timers around the actions of hw's own executor;
+     for MLP blocks the level (per layer, per action, per step) from whole steps timed as hw measure does
+     (hw.host_steps), the timers giving each op's share;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
   5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs;
@@ -460,7 +462,8 @@ def main(args: argparse.Namespace) -> int:
         transformers = parse_models(args.transformer)
     runtimes = _runtime_names(args.runtimes)
     profile, samples, fits = calibrate(base, hidden, args.cpu, args.gpus, args.conv, transformers, runtimes)
-    profile, samples["runtimes"], runtime_meta = runtime_costs(profile, base, runtimes, fits, args.cpu, args.gpus)
+    profile, samples["runtimes"], runtime_meta = runtime_costs(profile, base, runtimes, fits, args.cpu, args.gpus,
+                                                               samples["host_steps"])
     meta = {"source": "python -m hw calibrate", "command": "python -m hw " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -491,13 +494,14 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _torch_costs(profile: Profile, cpu: bool, gpus: int) -> tuple:
+def _torch_costs(profile: Profile, cpu: bool, gpus: int, host_steps: list[dict]) -> tuple:
     from hw.torch_costs import measure
 
-    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", "fp32" if cpu else "bf16", gpus)
+    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", gpus, host_steps)
 
 
-RUNTIME_COSTS = {"torch": _torch_costs}  # runtime -> (profile, cpu, gpus) -> (RuntimeCosts, samples, fits, meta)
+# runtime -> (profile, cpu, gpus, host-step rows) -> (RuntimeCosts, samples, fits, meta)
+RUNTIME_COSTS = {"torch": _torch_costs}
 
 
 def _runtime_names(text: str) -> list[str]:
@@ -511,7 +515,7 @@ def _runtime_names(text: str) -> list[str]:
 
 
 def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[str, Fit], cpu: bool,
-                  gpus: int | None) -> tuple[Profile, dict, dict]:
+                  gpus: int | None, host_steps: list[dict]) -> tuple[Profile, dict, dict]:
     """The profile with each named runtime's host costs measured where RUNTIME_COSTS measures them (its fits added
     to `fits`; calibrate itself measures the graphed ones), and the base's other runtimes carried, every field
     marked unmeasured; the raw samples and provenance per runtime."""
@@ -521,7 +525,7 @@ def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[
                if k not in names and k not in profile.runtimes}
     measured, samples, meta = {}, {}, {k: "carried from the base profile" for k in carried}
     for name in (n for n in names if n in RUNTIME_COSTS):
-        measured[name], samples[name], runtime_fits, meta[name] = RUNTIME_COSTS[name](profile, cpu, count)
+        measured[name], samples[name], runtime_fits, meta[name] = RUNTIME_COSTS[name](profile, cpu, count, host_steps)
         fits |= runtime_fits
     return dataclasses.replace(profile, runtimes={**carried, **profile.runtimes, **measured}), samples, meta
 
@@ -538,6 +542,8 @@ CONV_KINDS = ("conv", "down")
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
               transformers: list[Model] | None = None, runtimes: list[str] | tuple[str, ...] = (),
               ) -> tuple[Profile, dict, dict[str, Fit]]:
+    from hw import host_steps
+
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
@@ -553,7 +559,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
         host_rows = {"mlp": host_samples(device, dtype, split=True)}
-        host, action_s, fits = host_costs(host_rows["mlp"])
+        spans, _, fits = host_costs(host_rows["mlp"])
+        step_rows = host_steps.probe_rows("cpu" if cpu else "cuda", "fp32" if cpu else "bf16", "torch" in runtimes)
+        level = host_steps.hw_level(step_rows, spans["forward_s"] + spans["backward_s"])
+        host, fits["host hw whole steps"] = host_steps.leveled(spans, level), level.fit
         progress.update()
         hosts = {"mlp": host}
         for kind in CONV_KINDS if conv else ():  # a conv block issues other kernels than an MLP block
@@ -580,7 +589,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
     samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"), "copies": copy_rows,
-               "op_costs": op_costs}
+               "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level)}
     if conv:
         samples["host_by_kind"] = host_rows
     if transformers:
@@ -597,12 +606,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
-    profile = Profile(node, links, HostCosts(action_s, p2p_s, split_backward_s=host.get("split_backward_s", 0.0)),
+    profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
+                                             split_backward_s=host.get("split_backward_s", 0.0)),
                       layers, collectives=collectives)
     if "graphs" in runtimes:
         from hw.graphcosts import calibrate_graphs
 
-        graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, host,
+        graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, spans,
                                                                  p2p_carried=count < 2)
         profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     return with_op_costs(profile, op_costs), samples, fits

@@ -27,7 +27,8 @@ from scipy.optimize import least_squares
 
 from hw.calibrate import fit_affine, host_stage
 from hw.executor import local_runner
-from hw.graphs import graph_maker, local_graph_runner, release_unused
+from hw.graphs import graph_maker, local_graph_runner
+from hw.workers import release_unused
 from hw.models import MlpBlock
 from hw.measure import ActionTimer, HostSpans
 from hw.opcosts import gpu_time_s, sync

@@ -30,6 +30,7 @@ from torch import nn
 
 from hw.executor import (RECEIVES, Deps, StageRunner, StepIO, _capture_weighted_outputs, make_batch, replica_batch,
                          split_batch, stage_modules, stage_shapes)
+from hw.workers import release_unused
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 
@@ -221,7 +222,7 @@ class GraphRunner(StageRunner):
         self.graphs.warm_up(warm_up)
         self.replays, self.whole = {}, None
         collecting = gc.isenabled()
-        gc.disable()  # a collection mid-capture could destroy an old runner's graphs (see release_unused)
+        gc.disable()  # a collection mid-capture could destroy an old runner's graphs (see hw.workers.release_unused)
         try:
             if self.whole_step:
                 self.whole = self.graphs.graph("step")
@@ -461,14 +462,6 @@ def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dt
                          whole_step=whole_step)
     runner.prepare(replica_batch(model, schedule, 0, 1, device, dtype))
     return runner, stages, 0
-
-
-def release_unused(device: torch.device) -> None:
-    """Free the pools of graphed runners no longer used: a runner sits in reference cycles (its program holds its
-    bound methods), so its graphs' memory goes only when the collector runs, which GPU memory does not prompt."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def step_graph_runner(*args, **kwargs) -> tuple[GraphRunner, dict[int, nn.Module], int]:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from hw.executor import Groups, replica_batch
 from hw.runners import check_runs, job_groups, pins_host, runner_factory
-from hw.workers import host_pinned, kill_point, local_rank, require_gpus, spawn
+from hw.workers import host_pinned, kill_point, local_rank, release_unused, require_gpus, spawn
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe, schedule_name
@@ -131,6 +131,7 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None
         out.append(_time_turn(rank, device, jobs, made, team) if rank < ranks else [None] * len(jobs))
+        release_unused(device)  # the turn's runners, before the next turn's are built
         if world > 1:
             dist.barrier()
     return out

@@ -1,7 +1,8 @@
 """`python -m hw validate`: measure a grid of pipeline steps and predict each; one CSV row a point.
 
-The profile comes from --profile, or from a calibration run first (written into --out). The CSV
-is what `python -m parsim compare --measured FILE` reads to print the error table and plots.
+The profile comes from --profile, or from a calibration run first (written into --out). Every turn also steps
+the host probe (parsim.hostprobe), so that each point's prediction can be given at the host speed of its turn too.
+The CSV is what `python -m parsim compare --measured FILE` reads to print the error table and plots.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import csv
 import io
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
+from parsim.hostprobe import probe as host_probe
 from parsim.sim.predict import predict
 from parsim.profile import load_profile
 from parsim.runtimes import get_runtime
@@ -121,8 +124,15 @@ def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, 
     return Job(schedule, model, config, replicas, copy_streams, runtime)
 
 
-def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
-    """One CSV row: the point, its measured median and spread, and parsim's prediction."""
+def _probe_job(ranks: int, config: Config) -> Job:
+    """The host probe on `ranks` (parsim.hostprobe), timed in every turn beside the points."""
+    schedule, model = host_probe(ranks)
+    return Job(schedule, model, config)
+
+
+def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -> dict:
+    """One CSV row: the point, its measured median and spread, the host probe's median step in its turn, and
+    parsim's prediction."""
     s, model = job.schedule, job.model
     predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel, get_runtime(job.runtime))
     c = measured["config"]
@@ -138,7 +148,7 @@ def _row(job: Job, measured: dict, profile, profile_path: str) -> dict:
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
             "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none")),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
-            "runtime": job.runtime,
+            "runtime": job.runtime, "host_probe_s": probe_s,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
@@ -146,7 +156,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
                                                              "runtime", "dtype", "device", "torch", "date", "profile",
-                                                             "predicted_peak_bytes", "measured_peak_bytes"])
+                                                             "predicted_peak_bytes", "measured_peak_bytes",
+                                                             "host_probe_s"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -186,10 +197,13 @@ def main(args: argparse.Namespace) -> int:
         if not turns:
             continue
         world = max(turn[0].ranks for turn in turns)
-        *measured, ((baseline, *_),) = measure_turns(turns + [(baseline_job(model, config),)], world, device,
+        probed = [turn + (_probe_job(turn[0].ranks, config),) for turn in turns]  # the host's speed in each turn
+        *measured, ((baseline, *_),) = measure_turns(probed + [(baseline_job(model, config),)], world, device,
                                                      args.timeout)
-        rows += [_row(job, report(job, result, baseline, device), profile, profile_path)
-                 for turn, results in zip(turns, measured) for job, result in zip(turn, results)]
+        for turn, (*results, probe) in zip(turns, measured):
+            probe_s = statistics.median(probe[0]["times"])
+            rows += [_row(job, report(job, result, baseline, device), profile, profile_path, probe_s)
+                     for job, result in zip(turn, results)]
         _write_csv(csv_path, rows)
     table, plots = compare(csv_path, out, host_profile=profile)
     print(table)

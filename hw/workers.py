@@ -8,6 +8,7 @@ Under torchrun (RANK set) `hw` runs as that rank instead, so the same code runs 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import pickle
 import queue
@@ -51,6 +52,14 @@ def autograd_threads() -> list[int]:
         except OSError:  # the thread ended meanwhile
             continue
     return tids
+
+
+def release_unused(device: torch.device) -> None:
+    """Free what finished jobs held on the GPU: a runner sits in reference cycles (its program holds its bound
+    methods), so its tensors and graph pools go only when the collector runs, which GPU memory does not prompt."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @contextmanager

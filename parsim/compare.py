@@ -54,6 +54,8 @@ class Point:
     runtime: str = "hw"  # what ran it (parsim.runtimes)
     predicted_peak_bytes: int = 0  # the most memory any GPU holds in the step; 0: not in the CSV (or not measured)
     measured_peak_bytes: int = 0
+    host_probe_s: float = 0.0  # the host probe's median step in the point's turn (parsim.hostprobe); 0: none
+    predicted_at_host_s: float = 0.0  # the prediction at that turn's measured host speed; 0: no probe
 
     @property
     def memory_error(self) -> float | None:
@@ -82,6 +84,11 @@ class Point:
     def error(self) -> float:
         """Relative error of the predicted step time: predicted / measured - 1."""
         return self.predicted_s / self.measured_s - 1
+
+    @property
+    def error_at_host(self) -> float:
+        """Relative error of the prediction at the turn's measured host speed."""
+        return self.predicted_at_host_s / self.measured_s - 1
 
     @property
     def measured_speedup(self) -> float:
@@ -122,9 +129,12 @@ def read_points(path: str | Path) -> list[Point]:
             runtime = (row.get("runtime") or "hw").strip()
             get_runtime(runtime)
             peaks = {c: int(float(row.get(c) or 0)) for c in ("predicted_peak_bytes", "measured_peak_bytes")}
+            probe_s = float(row.get("host_probe_s") or 0)
+            if not 0 <= probe_s < float("inf"):
+                raise ValueError(f"host_probe_s must be a finite time >= 0, got {row['host_probe_s']}")
             point = Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
                           data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
-                          runtime=runtime, **times, **peaks)
+                          runtime=runtime, host_probe_s=probe_s, **times, **peaks)
             point.workload()  # a bad spec is this line's error, not a later one's
             points.append(point)
         except (TypeError, ValueError, ParsimError) as e:
@@ -161,6 +171,22 @@ def mark_host_sensitive(points: list[Point], profile) -> list[Point]:
                     .step_time_s) for p in points]
 
 
+def at_measured_host(points: list[Point], profile) -> list[Point]:
+    """Each point that has a host probe with its prediction at the host speed the probe measured in its turn."""
+    from parsim.hostprobe import at_host_speed
+
+    scaled = {}
+    out = []
+    for p in points:
+        if p.host_probe_s:
+            key = (p.host_probe_s, p.gpus)
+            if key not in scaled:
+                scaled[key] = at_host_speed(profile, *key)
+            p = replace(p, predicted_at_host_s=_predict(p, scaled[key]).step_time_s)
+        out.append(p)
+    return out
+
+
 def summary(points: list[Point]) -> dict[str, float]:
     """Median and worst absolute error of step time and of speedup, over the included points."""
     used = [p for p in points if not p.excluded]
@@ -194,7 +220,22 @@ def error_table(points: list[Point]) -> str:
             lines.append(f"{name}: {s['points']} points ({s['excluded']} excluded): median |error| "
                          f"{s['median_abs_error']:.1%}, worst {s['max_abs_error']:.1%}; "
                          f"worst speedup error {s['max_abs_speedup_error']:.1%}")
-    return "\n".join(lines + memory_lines(points) + ranking_lines(points))
+    return "\n".join(lines + host_speed_lines(points) + memory_lines(points) + ranking_lines(points))
+
+
+def host_speed_lines(points: list[Point]) -> list[str]:
+    """Per runtime, the error of its predictions as made (from the profile) and at the host speed measured in each
+    point's turn (where the CSV has the host probe): what the model says once told how fast the host ran."""
+    probed = [p for p in points if p.predicted_at_host_s and not p.excluded]
+    if not probed:
+        return []
+    lines = ["", "per runtime, predicted from the profile / at the host speed the probe measured in each turn:"]
+    for runtime in sorted({p.runtime for p in probed}):
+        ps = [p for p in probed if p.runtime == runtime]
+        plain, at_host = [abs(p.error) for p in ps], [abs(p.error_at_host) for p in ps]
+        lines.append(f"  {runtime}: {len(ps)} points: median |error| {statistics.median(plain):.1%} / "
+                     f"{statistics.median(at_host):.1%}, worst {max(plain):.1%} / {max(at_host):.1%}")
+    return lines
 
 
 def ranking_lines(points: list[Point]) -> list[str]:
@@ -302,6 +343,7 @@ def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=Non
     if profile is not None or runtime is not None:
         points = repredict(points, profile or host_profile or load_profile(), runtime)
     points = mark_host_sensitive(points, profile or host_profile or load_profile())
+    points = at_measured_host(points, profile or host_profile or load_profile())
     out = Path(out_dir) if out_dir else Path(csv_path).parent
     if not out.is_dir():
         raise ParsimError(f"output folder {out} does not exist")

@@ -199,9 +199,9 @@ class Profile:
         return origin + (f" [{'; '.join(notes)}]" if notes else "")
 
     def with_host_slower(self, factor: float) -> Profile:
-        """This profile with every host cost (per action, per message, per layer) times `factor`."""
+        """This profile with every host cost (per action, per message, per layer, per step) times `factor`."""
         host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
-                       split_backward_s=self.host.split_backward_s * factor)
+                       step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}

@@ -5,6 +5,7 @@
 #   usage: scripts/gpu-session.sh OUT PART...   (parts, in the order given:)
 #     smoke        seconds-long checks of each runtime and of the transformer modules on this GPU
 #     calibrate    hw calibrate --gpus 1 --conv --transformer --runtimes torch,graphs            (~3 min)
+#     quickcal     hw calibrate --gpus 1 --runtimes torch,graphs: what the MLP grids need          (~2 min)
 #     graphscheck  the graphed runtimes' gradients against one device, every schedule (scripts/graphs_gpu_check.py)
 #     grid         hw validate, runtimes hw,torch,graphs in turns: 16x512x4096 and 16x2048x8192, GPipe, 1F1B and
 #                  interleaved 1F1B at 1, 4, 16, 32 micro-batches, from `calibrate`'s profile (issues 12, 13)
@@ -75,6 +76,7 @@ for part in "$@"; do
     smoke) smoke ;;
     calibrate) step 300 calibrate python -m hw calibrate --gpus "$gpus" --conv --transformer --runtimes torch,graphs \
                  --out "$profile" --force ;;
+    quickcal) step 300 calibrate python -m hw calibrate --gpus "$gpus" --runtimes torch,graphs --out "$profile" --force ;;
     graphscheck) step 120 graphscheck python scripts/graphs_gpu_check.py "$work/graphs-check.json" ;;
     grid) grid grid hw,torch,graphs 16x512x4096,16x2048x8192 ;;
     bigrid) grid bigrid hw,torch 16x4096x16384 ;;

@@ -20,7 +20,8 @@ import time
 import torch
 
 from hw.executor import local_runner, make_batch
-from hw.graphs import local_graph_runner, release_unused
+from hw.graphs import local_graph_runner
+from hw.workers import release_unused
 from hw.models import build_layer
 from parsim.files import write_atomic
 from parsim.schedules import build

@@ -134,10 +134,46 @@ def test_host_slower_profile_scales_every_host_cost_and_nothing_else():
     profile = load_profile(None)
     slow = profile.with_host_slower(2.0)
     assert slow.host.action_s == 2 * profile.host.action_s and slow.host.p2p_s == 2 * profile.host.p2p_s
+    assert slow.host.step_s == 2 * profile.host.step_s
     for key, costs in profile.layers.items():
         assert slow.layers[key].forward.host_s == 2 * costs.forward.host_s
         assert slow.layers[key].backward_weight.fixed_s == costs.backward_weight.fixed_s
     assert slow.links == profile.links
+
+
+def test_the_host_probes_speed_is_its_measured_step_over_its_prediction():
+    from parsim.hostprobe import host_speed, probe
+    from parsim.profile import load_profile
+    from parsim.sim.predict import predict
+
+    profile = load_profile(None)
+    for gpus in (1, 2):
+        predicted = predict(*probe(gpus), profile)[0].step_time_s
+        assert host_speed(predicted, gpus, profile) == pytest.approx(1.0)
+        assert host_speed(1.5 * predicted, gpus, profile) == pytest.approx(1.5)
+
+
+def test_a_point_is_also_predicted_at_the_host_speed_its_turn_measured():
+    from parsim.compare import at_measured_host, host_speed_lines
+    from parsim.hostprobe import probe
+    from parsim.profile import load_profile
+    from parsim.sim.predict import predict
+
+    profile = load_profile(None)
+    probe_s = predict(*probe(1), profile)[0].step_time_s
+    base = read_points(FIXTURE)[0]
+    dispatch = replace(base, schedule="gpipe", gpus=1, microbatches=64, layers=8, hidden=256, tokens=1024,
+                       excluded="")  # the host sets its pace: a host twice as slow doubles it
+    compute = replace(dispatch, microbatches=1, layers=16, hidden=4096, tokens=16384)  # the GPU sets its pace
+    plain = at_measured_host([replace(p, host_probe_s=probe_s) for p in (dispatch, compute)], profile)
+    slow = at_measured_host([replace(p, host_probe_s=2 * probe_s) for p in (dispatch, compute)], profile)
+    for p in plain:
+        assert p.predicted_at_host_s == pytest.approx(repredict([p], profile)[0].predicted_s)
+    assert slow[0].predicted_at_host_s == pytest.approx(2 * plain[0].predicted_at_host_s, rel=0.02)
+    assert slow[1].predicted_at_host_s == pytest.approx(plain[1].predicted_at_host_s, rel=0.02)
+    assert at_measured_host([dispatch], profile)[0].predicted_at_host_s == 0  # no probe in its row: none
+    lines = host_speed_lines(slow)
+    assert lines[-1].startswith("  hw: 2 points: median |error| ") and " / " in lines[-1]
 
 
 def test_a_csv_without_the_model_column_names_the_mlp_stack_by_its_sizes(tmp_path):

@@ -59,6 +59,12 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert torch_costs.layer_host > 0 and "p2p_s" not in torch_costs.unmeasured and torch_costs.p2p_s > 0
     assert samples["meta"]["runtimes"]["torch"]["checked_on"] == "Interleaved1F1B"
     assert {"host torch", "host hw in turns"} <= samples["meta"]["fits"].keys() and "torch runtime:" in r.stdout
+    # hw's own host level: its MLP layer's forward + backward host cost is the whole steps' per layer
+    level = samples["samples"]["host_level"]
+    mlp = profile.layers["mlp"]
+    assert mlp.forward.host_s + mlp.backward_input.host_s + mlp.backward_weight.host_s == pytest.approx(
+        level["per_layer_s"], rel=1e-6)
+    assert profile.host.action_s == level["action_s"] and profile.host.step_s == level["step_s"]
     rows = samples["samples"]["runtimes"]["torch"]["probes"]
     assert {(row["runtime"], row["schedule"]) for row in rows} == {("hw", "gpipe"), ("torch", "gpipe"),
                                                                    ("torch", "1f1b"), ("torch", "interleaved-1f1b")}
@@ -124,6 +130,21 @@ def test_a_split_backwards_extra_host_cost_per_layer_is_its_slope_beyond_forward
     per_layer, _, fits = host_costs(rows)
     assert per_layer["split_backward_s"] == pytest.approx(80e-6, rel=1e-4)
     assert "host split" in fits
+
+
+def test_whole_steps_set_the_host_level_and_the_spans_only_each_ops_share():
+    from hw.host_steps import hw_level, leveled
+
+    # hw's whole steps follow 300 us a step + 90 us an action + 330 us a layer; the spans said 420 us a layer
+    rows = [{"runtime": "hw", "schedule": "gpipe", "stages": 1, "microbatches": m, "layers": k,
+             "step_s": 300e-6 + 2 * m * 90e-6 + m * k * 330e-6} for k in (1, 2, 4, 8) for m in (4, 8, 16)]
+    level = hw_level(rows, spans_per_layer_s=420e-6)
+    assert (level.step_s, level.action_s, level.per_layer_s) == pytest.approx((300e-6, 90e-6, 330e-6), rel=1e-3)
+    spans = {"forward_s": 120e-6, "backward_input_s": 100e-6, "backward_s": 300e-6, "split_backward_s": 42e-6}
+    host = leveled(spans, level)
+    assert host["forward_s"] + host["backward_s"] == pytest.approx(330e-6, rel=1e-3)
+    assert host["forward_s"] / host["backward_s"] == pytest.approx(120 / 300)  # the spans' shares kept
+    assert host["split_backward_s"] == pytest.approx(42e-6 * 330 / 420, rel=1e-3)
 
 
 def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():

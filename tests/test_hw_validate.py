@@ -24,10 +24,12 @@ def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
     points = read_points(out / "results.csv")
     assert [(p.gpus, p.microbatches) for p in points] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in points)
+    assert all(p.host_probe_s > 0 for p in points)  # every turn stepped the host probe too
     assert (out / "profile.json").exists() and (out / "results-speedups.png").exists()
     again = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(out / "results.csv")],
                            capture_output=True, text=True)
     assert again.returncode == 0 and "median |error|" in again.stdout
+    assert "at the host speed the probe measured in each turn" in again.stdout
 
 
 def test_validate_refuses_more_gpus_than_the_machine_has():
