@@ -37,8 +37,8 @@ from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
-from parsim.profile import (CollectiveSpec, HostCosts, LayerCosts, LinkSpec, OpCost, Profile, RuntimeCosts,
-                            load_profile, save_profile)
+from parsim.profile import (AUTOGRAD_ACCUMULATE, CollectiveSpec, HostCosts, KernelCost, LayerCosts, LinkSpec,
+                            OpCost, Profile, RuntimeCosts, load_profile, save_profile)
 from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
@@ -81,6 +81,7 @@ def fit_affine(work: list[float], seconds: list[float]) -> Fit:
 LEAD_CYCLES = 20_000_000  # a spin kernel of ~10 ms on an H200: longer than the host takes to queue what follows
 IN_STEP_LEAD_CYCLES = 2_000_000  # ~1 ms: short beside a step, so the GPU stays as loaded as in hw measure
 LAYER_DEPTH = 4  # layers per timing: each reads the one before's output where it can, as in a real stage
+SUSTAINED_S = 0.25  # GPU-bound layer probes run this long back to back first: the clock a sustained step holds
 
 
 def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer], tokens: list[int],
@@ -88,7 +89,9 @@ def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer],
     """GPU time of one layer's forward, input-grad and full backward, per (layer shape, samples).
 
     Timed through LAYER_DEPTH layers of the shape and divided: one layer fed the same input again and
-    again keeps it in L2 and ran ~10% faster than the layers of a real step. Layers whose output fits
+    again keeps it in L2 and ran ~10% faster than the layers of a real step. Where the GPU, not the host, would
+    set the pace, the probe runs back to back for SUSTAINED_S first and is timed so, at the clock of a GPU at its
+    power cap (gpu_time_s): a step that keeps the GPU busy runs there, one fresh from idle ran ~10% faster. Layers whose output fits
     their input are chained, as in a stage; a downsampling block cannot be, so each copy gets its own input.
     """
     samples = []
@@ -108,7 +111,8 @@ def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer],
             gs = [torch.randn_like(y) for y in ys]
 
             def per_layer(fn) -> float:
-                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=LEAD_CYCLES) / LAYER_DEPTH
+                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=LEAD_CYCLES,
+                                  sustained_s=SUSTAINED_S) / LAYER_DEPTH
 
             fwd = per_layer(forward)
             input_grad = per_layer(lambda: torch.autograd.grad(ys, xs, gs, retain_graph=True))
@@ -265,7 +269,7 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
 def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[str, LayerCosts]:
     """Every layer's GPU cost times its family's in-step slowdown."""
     def op(cost: OpCost, f: float) -> OpCost:
-        return OpCost(cost.host_s, cost.fixed_s * f, cost.flops_per_s / f)
+        return dataclasses.replace(cost, fixed_s=cost.fixed_s * f, flops_per_s=cost.flops_per_s / f)
 
     out = {}
     for key, c in costs.items():
@@ -274,16 +278,22 @@ def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[
     return out
 
 
-def layer_costs(samples: list[dict], host: dict) -> tuple[LayerCosts, dict[str, Fit]]:
-    """Per-layer op costs: host from `host`, GPU from affine fits (before any in-step slowdown)."""
+def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tuple[LayerCosts, dict[str, Fit]]:
+    """Per-layer op costs: host from `host`, GPU from affine fits (before any in-step slowdown); with `corrected`
+    (the samples are of one shape), each sample's time over its fit, so that the cost follows the samples."""
     flops = [s["flops"] for s in samples]
-    weight = [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]
-    fits = {"forward": fit_affine(flops, [s["forward_s"] for s in samples]),
-            "backward_input": fit_affine(flops, [s["backward_input_s"] for s in samples]),
-            "backward_weight": fit_affine(flops, weight)}
+    seconds = {"forward": [s["forward_s"] for s in samples],
+               "backward_input": [s["backward_input_s"] for s in samples],
+               "backward_weight": [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]}
+    fits = {op: fit_affine(flops, t) for op, t in seconds.items()}
     hosts = {"forward": host["forward_s"], "backward_input": host["backward_input_s"],
              "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
-    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate)
+
+    def corrections(op: str) -> tuple[tuple[float, float], ...]:
+        fit, by_flops = fits[op], sorted(zip(flops, seconds[op]))
+        return tuple((w, t / (fit.fixed_s + w / fit.rate)) for w, t in by_flops) if corrected else ()
+
+    costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate, corrections(k))
                          for k in ("forward", "backward_input", "backward_weight")))
     return costs, fits
 
@@ -297,7 +307,7 @@ def fitted_costs(rows: list[dict], host: dict[str, dict]) -> tuple[dict[str, Lay
         groups = {kind: of_kind, **{key: [r for r in of_kind if r["key"] == key]
                                     for key in dict.fromkeys(r["key"] for r in of_kind)}}
         for key, group in groups.items():
-            costs[key], key_fits = layer_costs(group, host[kind])
+            costs[key], key_fits = layer_costs(group, host[kind], corrected=key != kind)
             fits |= {_fit_name(kind, key, op): f for op, f in key_fits.items()}
     return costs, fits
 
@@ -415,8 +425,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--base", metavar="PROFILE", help="where unmeasured parts come from (default: shipped profile)")
-    p.add_argument("--hidden", default="256,1024,2048,4096",
-                   help="hidden sizes to cost, each also fitted alone (default 256,1024,2048,4096)")
+    p.add_argument("--hidden", default="256,512,1024,2048,4096",
+                   help="hidden sizes to cost, each also fitted alone; a width between two of them is priced by "
+                        "blending theirs (default 256,512,1024,2048,4096)")
     p.add_argument("--gpus", type=int, help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
                                             "processes talking over gloo, for tests)")
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
@@ -546,7 +557,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
 
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
-    tokens = [64, 256, 1024] if cpu else [128, 512, 1024, 2048, 4096, 8192, 16384]
+    tokens = [64, 256, 1024] if cpu else [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
     hidden = [64, 128] if cpu else hidden
     shapes = conv_layers(cpu) if conv else []
     images = [2, 8, 32] if cpu else [4, 16, 64, 256]  # 256 images in 1-64 micro-batches: 4-256 per micro-batch
@@ -580,6 +591,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
                                  else None)
         layers = stretched(layers, load)
         fits |= layer_fits
+        autograd_add, add_rows = autograd_accumulate(device, dtype, hidden, cpu)
+        fits["autograd add"] = add_rows["fit"]
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
         links, link_fits, copy_rows = copy_links(device, copy_sizes)
         progress.update()
@@ -589,7 +602,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
     samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"), "copies": copy_rows,
-               "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level)}
+               "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level),
+               "autograd_accumulate": add_rows["rows"]}
     if conv:
         samples["host_by_kind"] = host_rows
     if transformers:
@@ -615,7 +629,25 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, spans,
                                                                  p2p_carried=count < 2)
         profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
-    return with_op_costs(profile, op_costs), samples, fits
+    profile = with_op_costs(profile, op_costs)
+    return dataclasses.replace(profile, kernels={**profile.kernels, AUTOGRAD_ACCUMULATE: autograd_add}), samples, fits
+
+
+ADD_LAYERS = 8  # MLP blocks per stage in the gradient-add probe
+
+
+def autograd_accumulate(device: torch.device, dtype: torch.dtype, hidden: list[int], cpu: bool,
+                        ) -> tuple[KernelCost, dict]:
+    """What autograd's gradient accumulation costs the GPU: `.grad += g` over a stage of MLP blocks of each width,
+    a kernel per parameter tensor, fitted to fixed + bytes / rate; the fixed part per layer (profile.kernels'
+    AUTOGRAD_ACCUMULATE). Every micro-batch's backward after a stage's first adds so (m - 1 a step): on an H200
+    they were 95 of a 497 ms step (16 blocks h=4096, 32 micro-batches; data/diagnose/h200-2026-11-24/)."""
+    from hw.graphcosts import accumulate_samples
+
+    layers = 2 if cpu else ADD_LAYERS
+    rows = accumulate_samples(device, dtype, hidden, layers, graphed=False)
+    fit = fit_affine([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+    return KernelCost(fit.fixed_s / layers, fit.rate), {"rows": rows, "fit": fit}
 
 
 def _driver() -> str | None:
@@ -633,6 +665,6 @@ def _report(fits: dict[str, Fit], out: Path, samples: Path) -> None:
     for name, f in fits.items():
         flag = "  POOR FIT" if f.poor else ""
         rate = (f"{1e6 / f.rate:>8.2f}us/L" if name.startswith("host")  # host: per call + per layer
-                else f"{f.rate:>10.3g}{'B' if name.startswith('link') else 'F'}")
+                else f"{f.rate:>10.3g}{'B' if name.startswith('link') or name.endswith(' add') else 'F'}")
         print(f"{name:<28} {f.fixed_s * 1e6:>8.2f}us {rate} {f.r2:>8.4f} {f.max_rel_residual:>6.1%}{flag}")
     print(f"wrote {out} and {samples}")

@@ -131,22 +131,31 @@ def gpu_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], tok
     return rows
 
 
-def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], layers: int) -> list[dict]:
-    """GPU time of one gradient add over a stage of `layers` MLP blocks of each width, replayed as a graph."""
+def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], layers: int,
+                       graphed: bool = True) -> list[dict]:
+    """GPU time of one gradient add over a stage of `layers` MLP blocks of each width: as the graphed runner
+    adds (one foreach kernel, replayed as a graph), or, not graphed, as autograd does (`.grad += g`, a kernel per
+    parameter tensor)."""
     rows = []
     for h in hidden:
         with torch.device("meta"):  # shapes only: no weights drawn
             shapes = [p.shape for p in MlpBlock(h).parameters()] * layers
         accs = [torch.zeros(s, device=device, dtype=dtype) for s in shapes]
         grads = [torch.full(s, 1e-3, device=device, dtype=dtype) for s in shapes]
-        maker = graph_maker(device)
-        maker.warm_up(lambda: torch._foreach_add_(accs, grads))
-        graph = maker.graph("add")
-        graph.capture(lambda: torch._foreach_add_(accs, grads))
+        if graphed:
+            maker = graph_maker(device)
+            maker.warm_up(lambda: torch._foreach_add_(accs, grads))
+            graph = maker.graph("add")
+            graph.capture(lambda: torch._foreach_add_(accs, grads))
+            add = graph.replay
+        else:
+            def add() -> None:
+                for a, g in zip(accs, grads):
+                    a.add_(g)
         moved = 3 * sum(g.numel() * g.element_size() for g in grads)  # read .grad and g, write .grad
-        rows.append({"hidden": h, "layers": layers, "bytes": moved,
-                     "seconds": gpu_time_s(graph.replay, device, batch=4, repeat=5, lead_cycles=LEAD_CYCLES)})
-        del accs, grads, graph, maker
+        rows.append({"hidden": h, "layers": layers, "tensors": len(shapes), "bytes": moved,
+                     "seconds": gpu_time_s(add, device, batch=4, repeat=5, lead_cycles=LEAD_CYCLES)})
+        del accs, grads, add
     return rows
 
 
@@ -168,8 +177,12 @@ def profile_parts(row: dict, profile: Profile) -> dict[str, tuple[float, float]]
     (part,) = layer.parts
     costs, flops = part_costs(profile, part), layer.flops_per_token * row["tokens"]
     ops = {"forward": (costs.forward,), "backward": (costs.backward_input, costs.backward_weight)}
-    parts = {op: (row["layers"] * sum(c.fixed_s for c in cs), row["layers"] * sum(flops / c.flops_per_s for c in cs))
-             for op, cs in ops.items()}
+
+    def split(c) -> tuple[float, float]:  # the cost's GPU time at these FLOPs, in its fit's proportions
+        fit = c.fixed_s + flops / c.flops_per_s
+        return c.fixed_s * c.gpu_s(flops) / fit, flops / c.flops_per_s * c.gpu_s(flops) / fit
+
+    parts = {op: tuple(row["layers"] * sum(x) for x in zip(*(split(c) for c in cs))) for op, cs in ops.items()}
     parts["step"] = tuple(a + b for a, b in zip(parts["forward"], parts["backward"]))
     return parts
 

@@ -165,6 +165,11 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
     host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
+    On a GPU, where a turn has several jobs, each timed step follows an untimed step of the same job: a GPU that
+    a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the turn's previous job
+    (an H200 at 1630 against 1980 MHz; data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to
+    back in training, whatever came before it in the turn.
+
     The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
     that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
     A job's peak memory is its own: the process's peak during its step less what the other jobs of the process
@@ -187,11 +192,14 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     times: list[list[float]] = [[] for _ in steppers]
     peaks = [0] * len(steppers)
     observe = _killer(rank)
+    lead = len(steppers) > 1 and device.type == "cuda"
     for _ in range(max(job.config.steps for job in jobs)):
         for k, stepper in enumerate(steppers):
             if len(times[k]) == stepper.job.config.steps:
                 continue
             with pinned(stepper):
+                if lead:
+                    stepper()
                 _reset_peak(device)
                 settle()
                 others = _others_bytes(device, stepper)

@@ -33,18 +33,25 @@ def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 20, w
 
 
 def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int = 20,
-               lead_cycles: int = 4_000_000, heat: int = 0) -> float:
+               lead_cycles: int = 4_000_000, heat: int = 0, sustained_s: float = 0.0) -> float:
     """GPU time of one call of fn, without the host's launch gaps.
 
     On CUDA a spin kernel of `lead_cycles` (4M: ~2 ms at H200 clocks) keeps the GPU busy while the
     host queues `batch` calls, so CUDA events around them time the GPU alone; on the CPU it is wall time.
-    heat > 0 puts that many large bf16 matmuls first (~1.5 ms each on an H200), so compute-bound calls
-    are timed at the clocks of a GPU under sustained load, as in a training step, not fresh from idle.
+    heat > 0 puts that many large bf16 matmuls first (~1.5 ms each on an H200; scripts/gpu_spans.py).
+    sustained_s > 0: where a call keeps the GPU busy longer than the host takes to issue it (so a step
+    would run such calls back to back), they are timed back to back after `sustained_s` of them, at the
+    clock the GPU holds under that load: an H200 at its power cap drops from 1980 to ~1630 MHz within
+    ~0.1 s of sustained matmuls (data/diagnose/h200-2026-11-24/), which a call fresh from idle never sees.
     """
     if device.type != "cuda":
         return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
     for _ in range(3):
         fn()
+    if sustained_s > 0:
+        busy = _sustained_s(fn, device, batch, repeat, lead_cycles, sustained_s)
+        if busy is not None:
+            return busy
     heater = torch.ones(8192, 8192, device=device, dtype=torch.bfloat16) if heat else None
     times = []
     for _ in range(repeat):
@@ -59,6 +66,35 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / batch)
     return statistics.median(times)
+
+
+def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int, lead_cycles: int,
+                 sustained_s: float) -> float | None:
+    """gpu_time_s's sustained timing, or None where the host issues a call slower than twice the GPU runs it."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    host_s = time.perf_counter() - t0
+    sync(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(lead_cycles)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    one_s = start.elapsed_time(end) / 1e3
+    if one_s < 2 * host_s:
+        return None
+    for _ in range(int(np.ceil(sustained_s / one_s))):
+        fn()
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(repeat + 1)]
+    marks[0].record()
+    for k in range(repeat):
+        for _ in range(batch):
+            fn()
+        marks[k + 1].record()
+    marks[-1].synchronize()
+    return statistics.median(a.elapsed_time(b) / 1e3 / batch for a, b in zip(marks, marks[1:]))
 
 
 def launch_cost_s(device: torch.device, n: int = 2000, elements: int = 1_000_000, repeat: int = 5) -> float:

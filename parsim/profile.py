@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -22,6 +23,7 @@ VERSION = 1
 LINK_NAMES = ("nvlink", "network", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 LAYER_OPS = ("forward", "backward_input", "backward_weight")
 ACCUMULATE = "accumulate"  # profile.kernels' gradient add: `.grad += g` over a stage, 3x its gradients' bytes moved
+AUTOGRAD_ACCUMULATE = "autograd_accumulate"  # autograd's: an add kernel per parameter tensor; fixed_s per layer
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,35 @@ class LinkSpec:
 class OpCost:
     """Cost of one layer's forward, input-grad or weight-grad for a micro-batch.
 
-    GPU time is fixed_s + flops / flops_per_s (launch and small kernels, then the matmuls);
-    host_s is the front end's time to issue the layer's kernels.
+    GPU time is fixed_s + flops / flops_per_s (launch and small kernels, then the matmuls), times the measured
+    time over that fit where calibrate sampled the shape (`corrections`: (flops, ratio) pairs, rising; between
+    them the ratio is interpolated in log flops, beyond them the nearest is held): matmul efficiency is not affine
+    in the micro-batch size (tile and wave quantisation), and a shape's samples say how. host_s is the front
+    end's time to issue the layer's kernels.
     """
 
     host_s: float
     fixed_s: float
     flops_per_s: float
+    corrections: tuple[tuple[float, float], ...] = ()
 
     def gpu_s(self, flops: float) -> float:
-        return self.fixed_s + flops / self.flops_per_s
+        fit = self.fixed_s + flops / self.flops_per_s
+        return fit * _correction(self.corrections, flops) if self.corrections else fit
+
+
+def _correction(points: tuple[tuple[float, float], ...], work: float) -> float:
+    """The measured-over-fit ratio at `work`: interpolated in log work between the points around it."""
+    i = bisect_left(points, (work,))
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (w0, r0), (w1, r1) = points[i - 1], points[i]
+    if work <= 0 or w0 <= 0:
+        return r1
+    t = math.log(work / w0) / math.log(w1 / w0)
+    return r0 + t * (r1 - r0)
 
 
 @dataclass(frozen=True)
@@ -241,7 +262,19 @@ def _link(doc: dict, where: str) -> LinkSpec:
 
 def _op_cost(doc: dict, where: str) -> OpCost:
     return OpCost(_number(doc, "host_s", where, positive=False),
-                  _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where))
+                  _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where),
+                  _corrections(doc.get("corrections", []), f"{where}.corrections"))
+
+
+def _corrections(doc: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """(flops, ratio) pairs of positive numbers, flops rising."""
+    pairs = doc if isinstance(doc, (list, tuple)) else None
+    if pairs is None or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise ProfileError(f"{where} must be a list of [flops, ratio] pairs, got {doc!r}")
+    out = tuple((_number({"flops": w}, "flops", where), _number({"ratio": r}, "ratio", where)) for w, r in pairs)
+    if any(a[0] >= b[0] for a, b in zip(out, out[1:])):
+        raise ProfileError(f"{where} must list its flops rising, got {[w for w, _ in out]}")
+    return out
 
 
 def from_json(doc: Any, origin: str = "profile") -> Profile:

@@ -52,8 +52,9 @@ def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
     """`profile` with a runtime's host costs per action and message, its layers' host and GPU costs scaled
     (the fixed part of their GPU time by gpu_fixed_scale besides), and its gradient add where measured."""
     def op(cost: OpCost) -> OpCost:
-        return OpCost(cost.host_s * spec.layer_host, cost.fixed_s * spec.gpu_scale * spec.gpu_fixed_scale,
-                      cost.flops_per_s / spec.gpu_scale)
+        return replace(cost, host_s=cost.host_s * spec.layer_host,
+                       fixed_s=cost.fixed_s * spec.gpu_scale * spec.gpu_fixed_scale,
+                       flops_per_s=cost.flops_per_s / spec.gpu_scale)
 
     layers = {k: LayerCosts(op(c.forward), op(c.backward_input), op(c.backward_weight)) for k, c in profile.layers.items()}
     meta = dict(profile.meta)

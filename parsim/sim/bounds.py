@@ -9,10 +9,10 @@ backward of its stage; and a host launches everything one launch at a time. No s
 
 from __future__ import annotations
 
-from parsim.profile import ACCUMULATE, Profile
+from parsim.profile import Profile
 from parsim.sim.dataparallel import allreduce_spec
 from parsim.sim.lower import link_for
-from parsim.workload import StageCost
+from parsim.workload import StageCost, gradient_adds
 
 SLACK = 1 - 1e-9  # the floor's sums run in another order than the simulation's; rounding may differ by ulps
 
@@ -25,8 +25,7 @@ def step_floor_s(stage_to_rank: tuple[int, ...], costs: list[StageCost], microba
     for s, rank in enumerate(stage_to_rank):
         stages_of[rank].append(s)
     chains = _chains(stage_to_rank, costs, profile)
-    add = profile.kernels.get(ACCUMULATE)
-    adds = [(microbatches - 1) * add.time_s(3 * c.grad_bytes) if add else 0.0 for c in costs]
+    adds = [(microbatches - 1) * a for a in gradient_adds(profile, costs) or [0.0] * len(costs)]
     compute = _compute_floor_s(stages_of, chains, costs, microbatches, splits_backward, adds)
     host = _host_floor_s(stage_to_rank, stages_of, costs, microbatches, profile, data_parallel, buckets or {})
     reduce = _allreduce_floor_s(stages_of, chains[0], costs, microbatches, profile, data_parallel, buckets or {})

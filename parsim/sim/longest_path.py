@@ -15,13 +15,13 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from parsim.profile import ACCUMULATE, Profile
+from parsim.profile import Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, stage_waits
 from parsim.sim.dataparallel import allreduce_spec
 from parsim.sim.lower import (GRADIENT_OPS, _compute_launches, _message_bytes, last_gradient_actions, link_for,
                               runtime_waits)
-from parsim.workload import StageCost
+from parsim.workload import StageCost, gradient_adds
 
 Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
@@ -64,8 +64,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
     launches = _compute_launches(costs, profile)
-    add = profile.kernels.get(ACCUMULATE)
-    add_s = [add.time_s(3 * c.grad_bytes) for c in costs] if add else None
+    add_s = gradient_adds(profile, costs)
     rules = stage_waits(schedule)
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     last_grad = last_gradient_actions(schedule) if buckets else {}

@@ -7,9 +7,9 @@ from itertools import islice
 
 from parsim.sim.dataflow import iter_wait_keys, transfers
 from parsim.sim.machine import Launch, Machine, Op, Sync
-from parsim.profile import ACCUMULATE, LinkSpec, Profile
+from parsim.profile import LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Op as ActionOp, Schedule
-from parsim.workload import StageCost, Work
+from parsim.workload import StageCost, gradient_adds, Work
 
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
@@ -99,8 +99,7 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     """
     launches = _compute_launches(costs, profile)
     ops = op_table(schedule)
-    add = profile.kernels.get(ACCUMULATE)
-    add_s = [add.time_s(3 * c.grad_bytes) for c in costs] if add else None
+    add_s = gradient_adds(profile, costs)
     parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, add_s)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of)

@@ -10,8 +10,8 @@ layers and stages cost, and the split balanced by those costs; memory.py: what a
 """
 
 from parsim.workload.configs import PRESETS, config_model, load_model, model_from_spec, named_model, preset_model
-from parsim.workload.costs import (OPS, PARTITIONS, LayerTime, StageCost, Work, layer_times, layer_works,
-                                   microbatch_tokens, part_costs, partitioned, stage_costs)
+from parsim.workload.costs import (OPS, PARTITIONS, LayerTime, StageCost, Work, gradient_adds, layer_times,
+                                   layer_works, microbatch_tokens, part_costs, partitioned, stage_costs)
 from parsim.workload.layers import KINDS, Kind, Layer, Part
 from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
 from parsim.workload.models import (CONV_DEFAULTS, MODEL_FILE, MODEL_SPECS, Model, check_balance, conv_model,
@@ -23,5 +23,5 @@ __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "La
            "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
            "TransformerShape", "Work", "check_balance", "config_model", "conv_model", "layer_times", "layer_works",
            "load_model", "microbatch_tokens", "mlp_model", "model_from_spec", "model_label", "model_spec",
-           "named_model", "part_costs", "partition", "partition_by_time", "partitioned", "preset_model",
+           "gradient_adds", "named_model", "part_costs", "partition", "partition_by_time", "partitioned", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

@@ -3,13 +3,14 @@ balanced by those costs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
 from parsim.errors import ModelError
-from parsim.profile import LayerCosts, Profile
-from parsim.workload.layers import Part
+from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LayerCosts, OpCost, Profile
+from parsim.workload.layers import KINDS, Part
 from parsim.workload.models import Model
 from parsim.workload.partition import partition_by_time, stage_layers
 
@@ -36,6 +37,7 @@ class StageCost:
     send_bytes: int  # activation (or its gradient) crossing to the neighbouring stage
     stash_bytes: int  # activations kept from forward to backward
     grad_bytes: int = 0  # the stage's weight gradients, all-reduced across data-parallel replicas
+    layers: int = 0  # how many layers the stage holds
 
     @cached_property
     def backward(self) -> Work:
@@ -45,15 +47,78 @@ class StageCost:
 OPS = ("forward", "backward_input", "backward_weight")
 
 
+def gradient_add_s(profile: Profile, cost: StageCost) -> float | None:
+    """GPU time to add one micro-batch's weight gradients into a stage's (each gradient action after the stage's
+    first), or None where the profile does not price it: a runtime's own add over the whole stage (CUDA graphs:
+    one multi-tensor kernel), else autograd's `.grad += g`, one kernel per parameter tensor (its fixed part per
+    layer). Either moves 3x the gradients' bytes (read both, write one)."""
+    whole = profile.kernels.get(ACCUMULATE)
+    if whole is not None:
+        return whole.time_s(3 * cost.grad_bytes)
+    each = profile.kernels.get(AUTOGRAD_ACCUMULATE)
+    if each is not None:
+        return cost.layers * each.fixed_s + 3 * cost.grad_bytes / each.rate
+    return None
+
+
+def gradient_adds(profile: Profile, costs: list[StageCost]) -> list[float] | None:
+    """gradient_add_s of each stage, or None where the profile prices no gradient add."""
+    adds = [gradient_add_s(profile, c) for c in costs]
+    return None if None in adds else adds
+
+
 def part_costs(profile: Profile, part: Part) -> LayerCosts:
-    """The profile's costs for a layer's part at its shape ("mlp@2048", "attention@d128") if it has them, else
-    its kind's ("mlp", "attention")."""
+    """The profile's costs for a layer's part at its shape ("mlp@2048", "attention@d128") if it has them; for an
+    MLP width between two calibrated ones, theirs blended (width_blend); else its kind's ("mlp", "attention")."""
     for key in part.keys:
-        costs = profile.layers.get(key)
+        costs = profile.layers.get(key) or width_blend(profile, key)
         if costs is not None:
             return costs
     raise ModelError(f"the profile has no costs for layer kind {part.keys[-1]!r} ({part.keys[0]}); it knows: "
                      f"{', '.join(sorted(profile.layers))}{part.hint}")
+
+
+@dataclass(frozen=True)
+class BlendedCost(OpCost):
+    """An op at a width between two calibrated ones: at the same samples, log time runs linearly in log width
+    from the narrower shape's time to the wider's (FLOPs per sample grow as the width squared)."""
+
+    lower: OpCost = None
+    upper: OpCost = None
+    lower_scale: float = 1.0  # the narrower shape's FLOPs for the same samples, over this width's
+    upper_scale: float = 1.0
+    weight: float = 0.0  # 0 at the narrower width, 1 at the wider
+
+    def gpu_s(self, flops: float) -> float:
+        a, b = self.lower.gpu_s(flops * self.lower_scale), self.upper.gpu_s(flops * self.upper_scale)
+        return math.exp((1 - self.weight) * math.log(a) + self.weight * math.log(b)) if a > 0 and b > 0 else a + b
+
+
+def width_blend(profile: Profile, key: str) -> LayerCosts | None:
+    """Costs of an uncalibrated width of a vector kind ("mlp@1536") from the calibrated widths just below and above
+    it, or None (not such a key, or outside the calibrated widths: the kind's own fit applies there).
+
+    Checked on an H200 (data/diagnose/h200-2026-11-24/): widths 512 and 1536 measured against the blend of
+    256 and 1024, and of 1024 and 2048, were within 3-15% and 0-5%; a fit over every width was off by up to 38%."""
+    kind, _, width = key.partition("@")
+    if kind not in KINDS or KINDS[kind].spatial or not width.isdigit():
+        return None
+    h = int(width)
+    widths = sorted(int(w) for k in profile.layers if k.startswith(kind + "@") and (w := k[len(kind) + 1:]).isdigit())
+    below, above = [w for w in widths if w < h], [w for w in widths if w > h]
+    if not below or not above:
+        return None
+    lo, hi = below[-1], above[0]
+    weight = math.log(h / lo) / math.log(hi / lo)
+
+    def blend(a: OpCost, b: OpCost) -> BlendedCost:
+        fixed = math.exp((1 - weight) * math.log(max(a.fixed_s, 1e-30)) + weight * math.log(max(b.fixed_s, 1e-30)))
+        rate = math.exp((1 - weight) * math.log(a.flops_per_s) + weight * math.log(b.flops_per_s))
+        return BlendedCost(a.host_s + weight * (b.host_s - a.host_s), fixed, rate, (), a, b, (lo / h) ** 2,
+                           (hi / h) ** 2, weight)
+
+    low, high = profile.layers[f"{kind}@{lo}"], profile.layers[f"{kind}@{hi}"]
+    return LayerCosts(*(blend(getattr(low, op), getattr(high, op)) for op in OPS))
 
 
 def layer_works(profile: Profile, layer, samples: int) -> list[Work]:
@@ -135,5 +200,6 @@ def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: P
             send_bytes=layers[-1].out_bytes_per_token * tokens,
             stash_bytes=sum(layer.stash_bytes_per_token for layer in layers) * tokens,
             grad_bytes=sum(layer.params * layer.dtype_bytes for layer in layers),
+            layers=len(layers),
         ))
     return costs
