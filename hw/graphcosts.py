@@ -219,12 +219,31 @@ def gpu_fits(rows: list[dict], profile: Profile) -> dict[str, ScaleFit]:
     return {"graphs": fit_scales(graphs), "graphs-step": fit_scales(step)}
 
 
+def gpu_ratios(rows: list[dict]) -> dict[str, dict]:
+    """Per runtime, per measured MLP shape and op, its GPU time over eager's at each measured size (the forward's
+    and the backward's per action, graphs-step's per step, each against eager's timed in the same turns)."""
+    out: dict[str, dict] = {"graphs": {}, "graphs-step": {}}
+    for r in rows:
+        layer = Layer("mlp", r["hidden"])
+        flops = layer.flops_per_token * r["tokens"]
+        step = r["graphs-step_s"] / (r["eager_forward_s"] + r["eager_backward_s"])
+        for runtime, ratio in (("graphs", {op: r[f"graphs_{op}_s"] / r[f"eager_{op}_s"] for op in ("forward", "backward")}),
+                               ("graphs-step", {"forward": step, "backward": step})):
+            for op, value in ratio.items():
+                out[runtime].setdefault(layer.cost_key, {}).setdefault(op, []).append((flops, value))
+    return {runtime: {key: {op: tuple(sorted(points)) for op, points in ops.items()} for key, ops in shapes.items()}
+            for runtime, shapes in out.items()}
+
+
 def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: list[dict], eager_per_layer_s: float,
-                  p2p_s: float, p2p_carried: bool) -> tuple[dict[str, RuntimeCosts], dict, object]:
-    """profile.runtimes["graphs"] and ["graphs-step"] from the samples, the host fits and the add's fit behind them.
+                  p2p_s: float, p2p_carried: bool, ratios: dict[str, dict] | None = None,
+                  ) -> tuple[dict[str, RuntimeCosts], dict, object]:
+    """profile.runtimes["graphs"] and ["graphs-step"] from the samples, the host fits and the add's fit behind them;
+    `ratios` (gpu_ratios) price the shapes measured, the scales the others.
 
     eager_per_layer_s is hw's runner's host cost of one layer's forward plus backward (layer_host's unit).
     """
+    ratios = ratios or {}
     depth = [r["layers"] for r in host_rows]
     fits = {k: fit_affine(depth, [r[k] for r in host_rows])
             for k in ("forward_s", "backward_s", "step_outside_s", "whole_step_s")}
@@ -233,13 +252,14 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
     add = fit_affine([r["bytes"] for r in add_rows], [r["seconds"] for r in add_rows])
     unmeasured = ("p2p_s",) if p2p_carried else ()  # messages: hw's runner's own code, as calibrated for it
 
-    def costs(s: ScaleFit, **host) -> RuntimeCosts:
+    def costs(name: str, **host) -> RuntimeCosts:
+        s = scales[name]
         return RuntimeCosts(**host, gpu_scale=s.flops_scale, gpu_fixed_scale=s.fixed_scale / s.flops_scale,
-                            accumulate_s=add.fixed_s, accumulate_Bps=add.rate)
+                            accumulate_s=add.fixed_s, accumulate_Bps=add.rate, gpu_ratios=ratios.get(name, {}))
 
-    runtimes = {"graphs": costs(scales["graphs"], action_s=action_s, p2p_s=p2p_s, layer_host=layer_host,
+    runtimes = {"graphs": costs("graphs", action_s=action_s, p2p_s=p2p_s, layer_host=layer_host,
                                 step_s=fits["step_outside_s"].fixed_s, unmeasured=unmeasured),
-                "graphs-step": costs(scales["graphs-step"], action_s=0.0, p2p_s=0.0, layer_host=0.0,
+                "graphs-step": costs("graphs-step", action_s=0.0, p2p_s=0.0, layer_host=0.0,
                                      step_s=fits["whole_step_s"].fixed_s)}  # one rank: no messages
     return runtimes, {f"host graphs {k.removesuffix('_s')}": f for k, f in fits.items()}, add
 
@@ -256,7 +276,7 @@ def calibrate_graphs(device: torch.device, dtype: torch.dtype, profile: Profile,
     add_rows = accumulate_samples(device, dtype, hidden, CPU_LAYERS if cpu else GPU_LAYERS)
     runtimes, host_fits, add_fit = runtime_costs(host_rows, scales, add_rows,
                                                  eager_host["forward_s"] + eager_host["backward_s"], profile.host.p2p_s,
-                                                 p2p_carried)
+                                                 p2p_carried, gpu_ratios(rows))
     for r in rows:  # what the graphs save against eager, and how far the fit is from each point
         parts = profile_parts(r, profile)
         s = scales["graphs"]

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import signal
 import statistics
@@ -165,10 +166,11 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
     host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
-    On a GPU, where a turn has several jobs, each timed step follows an untimed step of the same job: a GPU that
-    a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the turn's previous job
-    (an H200 at 1630 against 1980 MHz; data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to
-    back in training, whatever came before it in the turn.
+    On a GPU, where a turn has several jobs, each timed step follows untimed steps of the same job, LEAD_S of them
+    at least: a GPU that a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the
+    turn's previous job (an H200 at 1630 against 1980 MHz, reached ~0.1 s into the load;
+    data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to back in training, whatever came
+    before it in the turn.
 
     The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
     that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
@@ -193,12 +195,13 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     peaks = [0] * len(steppers)
     observe = _killer(rank)
     lead = len(steppers) > 1 and device.type == "cuda"
+    leads = [_lead_steps(stepper, settle, team, device) if lead else 0 for stepper in steppers]
     for _ in range(max(job.config.steps for job in jobs)):
         for k, stepper in enumerate(steppers):
             if len(times[k]) == stepper.job.config.steps:
                 continue
             with pinned(stepper):
-                if lead:
+                for _ in range(leads[k]):
                     stepper()
                 _reset_peak(device)
                 settle()
@@ -225,6 +228,22 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
                     "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
     return out
+
+
+LEAD_S = 0.15  # untimed steps of a job before each of its timed steps in a turn: long enough to reach its power state
+
+
+def _lead_steps(stepper: _Stepper, settle: Callable[[], None], team, device: torch.device) -> int:
+    """How many untimed steps of the job make LEAD_S (one at least), from one step timed now; the same on every
+    rank of the team (the most any rank asks for), so that their steps stay matched."""
+    settle()
+    t0 = time.perf_counter()
+    stepper()
+    settle()
+    steps = torch.tensor([max(1, math.ceil(LEAD_S / (time.perf_counter() - t0)))], device=device)
+    if team is not None:
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=team)
+    return int(steps.item())
 
 
 def _others_bytes(device: torch.device, stepper: _Stepper) -> int:

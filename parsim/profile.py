@@ -56,10 +56,10 @@ class OpCost:
 
     def gpu_s(self, flops: float) -> float:
         fit = self.fixed_s + flops / self.flops_per_s
-        return fit * _correction(self.corrections, flops) if self.corrections else fit
+        return fit * correction_at(self.corrections, flops) if self.corrections else fit
 
 
-def _correction(points: tuple[tuple[float, float], ...], work: float) -> float:
+def correction_at(points: tuple[tuple[float, float], ...], work: float) -> float:
     """The measured-over-fit ratio at `work`: interpolated in log work between the points around it."""
     i = bisect_left(points, (work,))
     if i == 0:
@@ -115,6 +115,9 @@ class RuntimeCosts:
     gpu_fixed_scale: float = 1.0
     accumulate_s: float = 0.0  # GPU time of one gradient add over a stage: accumulate_s + 3 x its gradient
     accumulate_Bps: float = 0.0  # bytes / accumulate_Bps, after the stage's first gradient action (0: not modelled)
+    # per layer shape it was measured at ("mlp@512"), per op ("forward", "backward"): its GPU time over eager
+    # PyTorch's at each measured FLOPs, (flops, ratio) rising; those shapes take these instead of the two scales
+    gpu_ratios: dict[str, dict[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -331,9 +334,14 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
     optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps")
                 if k in doc}
+    ratios = doc.get("gpu_ratios", {})
+    if not isinstance(ratios, dict) or not all(isinstance(v, dict) for v in ratios.values()):
+        raise ProfileError(f"{where}.gpu_ratios must map layer shapes to {{op: [[flops, ratio], ...]}}, got {ratios!r}")
+    ratios = {key: {op: _corrections(points, f"{where}.gpu_ratios.{key}.{op}") for op, points in ops.items()}
+              for key, ops in ratios.items()}
     return RuntimeCosts(_number(doc, "action_s", where, positive=False), _number(doc, "p2p_s", where, positive=False),
                         _number(doc, "layer_host", where, positive=False), _number(doc, "gpu_scale", where),
-                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), **optional)
+                        _number(doc, "step_s", where, positive=False), tuple(unmeasured), gpu_ratios=ratios, **optional)
 
 
 def _whole(doc: dict, key: str, where: str) -> int:

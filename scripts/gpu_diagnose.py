@@ -199,7 +199,8 @@ def eventgaps(device, groups: Groups) -> dict:
         if phase == "start" and device.type == "cuda":
             torch.cuda.Event().record()
 
-    for schedule, m in (("interleaved-1f1b", 64), ("1f1b", 64), ("interleaved-1f1b", 16)):
+    for k, (schedule, m) in enumerate((("interleaved-1f1b", 32), ("1f1b", 32), ("interleaved-1f1b", 32),
+                                       ("interleaved-1f1b", 64), ("1f1b", 64), ("interleaved-1f1b", 16))):
         st = _warm(_stepper(device, "graphs", schedule, m, model, groups), device)
         runner = st.runner
         calls: list[float] = []
@@ -222,7 +223,7 @@ def eventgaps(device, groups: Groups) -> dict:
             _timed(st, device)
             runner.replays = original
             rows["replay_call_s"].append(statistics.median(calls))
-        out[f"{schedule}:{m}"] = rows
+        out[f"{schedule}:{m}:{k}"] = rows
         del st, runner, original
     return out
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import replace
 
 from parsim.errors import ProfileError
-from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts
+from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts, correction_at
 from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
 
 
@@ -49,14 +49,23 @@ class Runtime(ABC):
 
 
 def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
-    """`profile` with a runtime's host costs per action and message, its layers' host and GPU costs scaled
-    (the fixed part of their GPU time by gpu_fixed_scale besides), and its gradient add where measured."""
-    def op(cost: OpCost) -> OpCost:
+    """`profile` with a runtime's host costs per action and message, its layers' host and GPU costs: at the shapes
+    it was measured at, eager's times its measured ratios; elsewhere scaled (the fixed part of their GPU time by
+    gpu_fixed_scale besides); and its gradient add where measured."""
+    def op(cost: OpCost, ratios: tuple[tuple[float, float], ...] | None) -> OpCost:
+        if ratios:
+            return replace(cost, host_s=cost.host_s * spec.layer_host, corrections=times(cost, ratios))
         return replace(cost, host_s=cost.host_s * spec.layer_host,
                        fixed_s=cost.fixed_s * spec.gpu_scale * spec.gpu_fixed_scale,
                        flops_per_s=cost.flops_per_s / spec.gpu_scale)
 
-    layers = {k: LayerCosts(op(c.forward), op(c.backward_input), op(c.backward_weight)) for k, c in profile.layers.items()}
+    def layer(key: str, c: LayerCosts) -> LayerCosts:
+        ratios = spec.gpu_ratios.get(key, {})
+        backward = ratios.get("backward")
+        return LayerCosts(op(c.forward, ratios.get("forward")), op(c.backward_input, backward),
+                          op(c.backward_weight, backward))
+
+    layers = {k: layer(k, c) for k, c in profile.layers.items()}
     meta = dict(profile.meta)
     if spec.unmeasured:
         carried = list(meta.get("carried_from_base") or [])
@@ -67,3 +76,10 @@ def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
     if spec.accumulate_Bps > 0:  # its gradient adds are modelled (lowering adds them to gradient actions)
         kernels = {**kernels, ACCUMULATE: KernelCost(spec.accumulate_s, spec.accumulate_Bps)}
     return replace(profile, host=host, layers=layers, meta=meta, kernels=kernels)
+
+
+def times(cost: OpCost, ratios: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """cost's corrections times `ratios`, both by FLOPs: the product at every FLOPs either names."""
+    points = sorted({w for w, _ in cost.corrections} | {w for w, _ in ratios})
+    return tuple((w, (correction_at(cost.corrections, w) if cost.corrections else 1.0) * correction_at(ratios, w))
+                 for w in points)
