@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy.optimize import least_squares
 
-from hw.calibrate import fit_affine, host_stage
+from hw.calibrate import SUSTAINED_S, fit_affine, host_stage
 from hw.executor import local_runner
 from hw.graphs import graph_maker, local_graph_runner
 from hw.workers import release_unused
@@ -95,7 +95,9 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
 def gpu_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], tokens: tuple[int, ...],
                 layers: int, steps: int = 8) -> list[dict]:
     """Per stage size: the GPU time of its forward and backward under hw's eager runner and graphed, and of the
-    whole step under one graph per step, in turns, a step each per round, the GPU fed ahead by a spin kernel."""
+    whole step under one graph per step. First in turns, a step each per round, the GPU fed ahead by a spin
+    kernel; then each runner whose step keeps the GPU busier than its host again, back to back after
+    SUSTAINED_S of steps, at the clock the GPU holds under that load (as calibrate's layer probes are timed)."""
     rows = []
     for h in hidden:
         for n in tokens:
@@ -103,32 +105,71 @@ def gpu_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], tok
             runners = {"eager": local_runner(model, schedule, device, dtype),
                        "graphs": local_graph_runner(model, schedule, device, dtype),
                        "graphs-step": local_graph_runner(model, schedule, device, dtype, whole_step=True)}
-            timers = {name: ActionTimer(device) for name in runners}
-            whole_s = []
+            timers = {name: _Spans(device) for name in runners}
             for step in range(3 + steps):
                 for name, (runner, io) in runners.items():
-                    _clear(runner)
-                    timer = timers[name] if step >= 3 else None
                     if device.type == "cuda":
                         torch.cuda._sleep(LEAD_CYCLES)  # the host queues the whole step before the GPU reaches it
-                    if name != "graphs-step":
-                        runner.step(io, timer)
-                        continue
-                    start = _mark(device)
-                    runner.step(io)
-                    if timer is not None:
-                        whole_s.append((start, _mark(device)))
+                    timers[name].step(runner, io, timed=step >= 3)
             sync(device)
-            row = {"hidden": h, "tokens": n, "layers": layers,
-                   "graphs-step_s": statistics.median(_elapsed(a, b) for a, b in whole_s)}
+            sustained = [name for name, (runner, io) in runners.items() if device.type == "cuda"
+                         and timers[name].step_s() > _host_step_s(runner, io, device)]
+            for name in sustained:
+                runner, io = runners[name]
+                for _ in range(int(np.ceil(SUSTAINED_S / timers[name].step_s()))):
+                    timers[name].step(runner, io, timed=False)
+                timers[name] = _Spans(device)
+                for _ in range(steps):
+                    timers[name].step(runner, io, timed=True)
+            sync(device)
+            row = {"hidden": h, "tokens": n, "layers": layers, "sustained": sustained,
+                   "graphs-step_s": timers["graphs-step"].step_s()}
             for name in ("eager", "graphs"):
-                per_op = timers[name].seconds()
-                row[f"{name}_forward_s"] = statistics.median(per_op[0, Op.FORWARD])
-                row[f"{name}_backward_s"] = statistics.median(per_op[0, Op.BACKWARD])
+                row[f"{name}_forward_s"], row[f"{name}_backward_s"] = timers[name].actions_s()
             rows.append(row)
             del runners, timers
             release_unused(device)  # each size's graphs and pools go before the next is captured
     return rows
+
+
+class _Spans:
+    """A runner's steps timed on the GPU: per action (hw's runners) and whole (one graph per step)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.actions, self.whole = device, ActionTimer(device), []
+
+    def step(self, runner, io, timed: bool) -> None:
+        _clear(runner)
+        if not timed:
+            runner.step(io)
+        elif getattr(runner, "whole_step", False):
+            start = _mark(self.device)
+            runner.step(io)
+            self.whole.append((start, _mark(self.device)))
+        else:
+            runner.step(io, self.actions)
+
+    def actions_s(self) -> tuple[float, float]:
+        """Median forward and backward GPU time."""
+        per_op = self.actions.seconds()
+        return statistics.median(per_op[0, Op.FORWARD]), statistics.median(per_op[0, Op.BACKWARD])
+
+    def step_s(self) -> float:
+        """Median GPU time of a step: its actions', or the whole graph's."""
+        if self.actions.spans:
+            return sum(self.actions_s())
+        return statistics.median(_elapsed(a, b) for a, b in self.whole)
+
+
+def _host_step_s(runner, io, device: torch.device) -> float:
+    """The host's time to issue one step (the GPU may still be running it)."""
+    sync(device)
+    _clear(runner)
+    t0 = time.perf_counter()
+    runner.step(io)
+    host_s = time.perf_counter() - t0
+    sync(device)
+    return host_s
 
 
 def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], layers: int,
@@ -219,16 +260,17 @@ def gpu_fits(rows: list[dict], profile: Profile) -> dict[str, ScaleFit]:
     return {"graphs": fit_scales(graphs), "graphs-step": fit_scales(step)}
 
 
-def gpu_ratios(rows: list[dict]) -> dict[str, dict]:
-    """Per runtime, per measured MLP shape and op, its GPU time over eager's at each measured size (the forward's
-    and the backward's per action, graphs-step's per step, each against eager's timed in the same turns)."""
+def gpu_ratios(rows: list[dict], profile: Profile) -> dict[str, dict]:
+    """Per runtime, per measured MLP shape and op, its measured GPU time over the profile's eager cost of the same
+    work at each measured size (the graphed forward's and backward's per action, graphs-step's per step): the
+    runtime is priced at those shapes by what its graphs were measured to take."""
     out: dict[str, dict] = {"graphs": {}, "graphs-step": {}}
     for r in rows:
-        layer = Layer("mlp", r["hidden"])
+        layer, parts = Layer("mlp", r["hidden"]), profile_parts(r, profile)
         flops = layer.flops_per_token * r["tokens"]
-        step = r["graphs-step_s"] / (r["eager_forward_s"] + r["eager_backward_s"])
-        for runtime, ratio in (("graphs", {op: r[f"graphs_{op}_s"] / r[f"eager_{op}_s"] for op in ("forward", "backward")}),
-                               ("graphs-step", {"forward": step, "backward": step})):
+        step = r["graphs-step_s"] / sum(parts["step"])
+        graphed = {op: r[f"graphs_{op}_s"] / sum(parts[op]) for op in ("forward", "backward")}
+        for runtime, ratio in (("graphs", graphed), ("graphs-step", {"forward": step, "backward": step})):
             for op, value in ratio.items():
                 out[runtime].setdefault(layer.cost_key, {}).setdefault(op, []).append((flops, value))
     return {runtime: {key: {op: tuple(sorted(points)) for op, points in ops.items()} for key, ops in shapes.items()}
@@ -276,7 +318,7 @@ def calibrate_graphs(device: torch.device, dtype: torch.dtype, profile: Profile,
     add_rows = accumulate_samples(device, dtype, hidden, CPU_LAYERS if cpu else GPU_LAYERS)
     runtimes, host_fits, add_fit = runtime_costs(host_rows, scales, add_rows,
                                                  eager_host["forward_s"] + eager_host["backward_s"], profile.host.p2p_s,
-                                                 p2p_carried, gpu_ratios(rows))
+                                                 p2p_carried, gpu_ratios(rows, profile))
     for r in rows:  # what the graphs save against eager, and how far the fit is from each point
         parts = profile_parts(r, profile)
         s = scales["graphs"]

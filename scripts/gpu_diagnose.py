@@ -190,17 +190,23 @@ def graphgaps(device, groups: Groups) -> dict:
 
 
 def eventgaps(device, groups: Groups) -> dict:
-    """Does an event recorded between graph replays change the step? Wall time of plain steps, of steps with an
-    event recorded before each action (untimed), and with the ActionTimer; the host's time in each replay call."""
+    """Does an event recorded between graph replays change the step? Wall time of plain steps and of steps with
+    an event recorded at each compute action's start or end (timing or not), or the ActionTimer (both, timing);
+    the host's time in each replay call."""
     out = {}
     model = _model(16, 512, 4096)
 
-    def marks(action, phase: str) -> None:
-        if phase == "start" and device.type == "cuda":
-            torch.cuda.Event().record()
+    def marker(phase: str, timing: bool):
+        def mark(action, at: str) -> None:
+            if at == phase and device.type == "cuda":
+                torch.cuda.Event(enable_timing=timing).record()
+        return mark
 
+    observers = {"plain_s": lambda: None, "start_event_s": lambda: marker("start", False),
+                 "end_event_s": lambda: marker("end", False), "start_timing_s": lambda: marker("start", True),
+                 "end_timing_s": lambda: marker("end", True), "timer_s": lambda: ActionTimer(device)}
     for k, (schedule, m) in enumerate((("interleaved-1f1b", 32), ("1f1b", 32), ("interleaved-1f1b", 32),
-                                       ("interleaved-1f1b", 64), ("1f1b", 64), ("interleaved-1f1b", 16))):
+                                       ("interleaved-1f1b", 64), ("1f1b", 64))):
         st = _warm(_stepper(device, "graphs", schedule, m, model, groups), device)
         runner = st.runner
         calls: list[float] = []
@@ -213,11 +219,10 @@ def eventgaps(device, groups: Groups) -> dict:
                 calls.append(time.perf_counter() - t0)
             return call
 
-        rows = {"plain_s": [], "events_s": [], "timer_s": [], "replay_call_s": []}
-        for _ in range(6):
-            rows["plain_s"].append(_timed(st, device))
-            rows["events_s"].append(_timed(st, device, marks))
-            rows["timer_s"].append(_timed(st, device, ActionTimer(device)))
+        rows = {name: [] for name in observers} | {"replay_call_s": []}
+        for _ in range(5):
+            for name, make in observers.items():
+                rows[name].append(_timed(st, device, make()))
             runner.replays = {a: timed_replay(fn) for a, fn in original.items()}
             calls.clear()
             _timed(st, device)
