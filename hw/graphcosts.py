@@ -38,7 +38,7 @@ from parsim.schedules import Op, gpipe
 from parsim.workload import Layer, mlp_model, part_costs
 
 HOST_DEPTHS = (1, 2, 4, 8)
-GPU_LAYERS, GPU_TOKENS = 8, (128, 512, 2048, 8192)
+GPU_LAYERS, GPU_TOKENS = 8, (128, 256, 512, 1024, 2048, 4096, 8192)
 CPU_LAYERS, CPU_TOKENS = 2, (16, 64)
 LEAD_CYCLES = 20_000_000  # ~10 ms: longer than hw's eager runner takes to queue 8 layers' backward at any size
 

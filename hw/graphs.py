@@ -108,7 +108,15 @@ class CudaGraph:
     def __init__(self, maker: CudaGraphs):
         self.maker = maker
         self.cuda_graph = torch.cuda.CUDAGraph()
-        self.replay = self.cuda_graph.replay
+
+    def replay(self) -> None:
+        """Launch the graph, then record a timing event behind it. Without the event, once a process had
+        replayed a few hundred graphs, an H200 idled between the replays of a step: 8.5 of a 39.1 ms step of
+        128 graphs, 12.6 of 70.2 ms with 256; with a timing event after each replay the same steps took 30.6
+        and 57.6 ms, their kernels' time. An event without timing did not help; the driver's reason is not
+        known (data/diagnose/h200-2026-11-24/eventgaps.json, scripts/gpu_diagnose.py eventgaps)."""
+        self.cuda_graph.replay()
+        torch.cuda.Event(enable_timing=True).record()
 
     def capture(self, fn: Callable[[], None]) -> None:
         with self.maker.on_side_stream():

@@ -87,14 +87,15 @@ def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, rep
         return None
     for _ in range(int(np.ceil(sustained_s / one_s))):
         fn()
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(repeat + 1)]
-    marks[0].record()
-    for k in range(repeat):
-        for _ in range(batch):
-            fn()
-        marks[k + 1].record()
-    marks[-1].synchronize()
-    return statistics.median(a.elapsed_time(b) / 1e3 / batch for a, b in zip(marks, marks[1:]))
+    spans = []
+    for _ in range(repeat * batch):  # each call between its own events: a late host's gaps between calls do not count
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        spans.append((start, end))
+    spans[-1][1].synchronize()
+    return statistics.median(a.elapsed_time(b) / 1e3 for a, b in spans)
 
 
 def launch_cost_s(device: torch.device, n: int = 2000, elements: int = 1_000_000, repeat: int = 5) -> float:
