@@ -28,6 +28,18 @@ from parsim.sim.gil import wake_points
 ELEMENTS = {"cuda": 1024, "cpu": 16}  # small: the device runs each op faster than it is launched
 BLOCK = 8  # launches between two looks at the clock
 HOLDS_S = (0.0, 8e-6, 16e-6, 32e-6, 64e-6, 128e-6, 256e-6)  # extra GIL time per launch in the wake-up probes
+SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
+
+
+def keep_clocks_up(device: torch.device, seconds: float) -> bool:
+    """A kernel spinning for `seconds` (longer below the top clock) on a stream of its own, so that the GPU is busy
+    and at its working clocks while tiny kernels are timed: idle, an H200 sits at 390-510 MHz, where a kernel may
+    take longer than its launch and the host would be timing the GPU. False without a GPU or torch.cuda._sleep."""
+    if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
+        return False
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        torch.cuda._sleep(int(seconds * SPIN_HZ))
+    return True
 
 
 def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: float = 0.0) -> dict:
@@ -35,9 +47,10 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     holding the GIL hold_s more after each launch, spinning in Python): host time per launch of all of them.
 
     Timed from their common start until the last has stopped, over all their launches; each looks at the clock
-    every BLOCK launches, so a thread asleep at the deadline finishes its block first. Kept beside it: each
-    thread's launches (who got the GIL) and how long the device took to finish afterwards (drain_s: more than
-    a few kernels' time means the device, not the host, set the pace).
+    every BLOCK launches, so a thread asleep at the deadline finishes its block first. A GPU is kept busy
+    meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL) and how long its
+    streams took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host,
+    set the pace).
     """
     xs = [torch.ones(ELEMENTS[device.type], device=device) for _ in range(threads)]
     streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(threads)]
@@ -63,6 +76,7 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
+    spinning = keep_clocks_up(device, window_s)
     start = clock()
     deadline[0] = start + window_s
     go.wait()
@@ -70,8 +84,11 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
         w.join()
     elapsed = max(ends) - start
     t0 = clock()
-    sync(device)
-    return {"per_launch_s": elapsed / sum(counts), "launches": counts, "drain_s": clock() - t0}
+    for stream in streams:
+        if stream is not None:
+            stream.synchronize()
+    return {"per_launch_s": elapsed / sum(counts), "launches": counts, "drain_s": clock() - t0,
+            "clocks_kept_up": spinning}
 
 
 def launch_rounds(device: torch.device, points: tuple[tuple[int, float], ...], window_s: float,
