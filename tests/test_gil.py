@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from parsim.profile import GilCosts
 from parsim.scenarios.interfaces import launch_pace_s
-from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost, wake_points
+from parsim.sim.gil import Gil, GilLaunch, gil_thread, non_decreasing, wake_cost, wake_points
 from parsim.sim.machine import Launch, Machine, Sync
 
 
@@ -120,6 +120,19 @@ def test_the_wake_up_is_linear_between_probes_and_flat_beyond():
 def test_wake_points_read_the_extra_time_of_two_threads_at_the_core_sleep_of_one_launch():
     points = wake_points([10.0, 20.0, 40.0], [10.5, 23.0, 48.0])
     assert [p for point in points for p in point] == pytest.approx([10, 0.5, 20, 3.0, 40, 8.0])
+
+
+@pytest.mark.parametrize("values,fitted", [([1, 3, 2, 4], [1, 2.5, 2.5, 4]), ([5, 1, 1], [7 / 3] * 3),
+                                           ([0, 1, 2], [0, 1, 2]), ([], [])])
+def test_non_decreasing_pools_the_runs_that_fall(values, fitted):
+    assert non_decreasing(values) == pytest.approx(fitted)
+
+
+@given(st.lists(st.floats(-100, 100), max_size=12))
+def test_non_decreasing_never_falls_and_keeps_the_mean(values):
+    fitted = non_decreasing(values)
+    assert fitted == sorted(fitted) and len(fitted) == len(values)
+    assert sum(fitted) == pytest.approx(sum(values), abs=1e-6)
 
 
 @given(st.lists(st.tuples(st.floats(1.0, 1e3), st.floats(-5.0, 20.0)), min_size=1, max_size=8, unique_by=lambda p: p[0]))

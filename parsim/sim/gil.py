@@ -48,16 +48,26 @@ def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[f
 
     With two threads one keeps the GIL and wakes the other at every launch (see the module's docstring); the
     sleeper's core has then been idle for one launch of the other, one_s[k], and each launch costs two_s[k] -
-    one_s[k] more than alone. The costs are fitted to a curve that never falls as the core sleeps longer
-    (isotonic regression: a deeper idle state is never quicker to leave), and never below zero.
+    one_s[k] more than alone. The costs are fitted to a curve that never falls as the core sleeps longer (a
+    deeper idle state is never quicker to leave), and never below zero.
     """
-    from scipy.optimize import isotonic_regression
-
     order = np.argsort(one_s)
     slept = np.asarray(one_s, dtype=float)[order]
     extra = np.asarray(two_s, dtype=float)[order] - slept
-    fitted = np.maximum(isotonic_regression(extra).x, 0.0)
+    fitted = np.maximum(non_decreasing(extra), 0.0)
     return tuple((float(s), float(c)) for s, c in zip(slept, fitted))
+
+
+def non_decreasing(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest to `values` in least squares (isotonic regression: pool adjacent
+    violators). scipy.optimize.isotonic_regression does it from scipy 1.12; parsim allows scipy 1.10."""
+    blocks: list[list[float]] = []  # [mean, count] of each pooled run
+    for v in values:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 @dataclass
