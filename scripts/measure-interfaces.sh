@@ -6,8 +6,9 @@
 # processes training one shared model on the CPU cores), each measured beside parsim's prediction from those
 # costs, in one lease. About 2 minutes on one H200 with 16 cores (4 at most: each part is bounded by `timeout`,
 # and one failing does not stop the rest). Files: profile.json (+ .samples.json), data-parallel.json,
-# hogwild.json, log.txt (what each part printed, its exit status and seconds), cpu.txt (lscpu, the GPU) and
-# clocks.csv (the GPU's clocks every 200 ms, where there is one).
+# hogwild.json, gil-switches.json (how often the GIL changed hands, scripts/gil_switches.py), log.txt (what each
+# part printed, its exit status and seconds), cpu.txt (lscpu, the GPU) and clocks.csv (the GPU's clocks every
+# 200 ms, where there is one).
 #   usage: scripts/measure-interfaces.sh OUT_DIR
 #   needs: pip install ".[hw]" (or simpy beside torch, run from the repository's root); a CUDA GPU for the GIL
 #   experiment (without one it launches CPU ops). PYTHON picks the interpreter (default python).
@@ -29,9 +30,10 @@ lscpu > "$out/cpu.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv >> "$out/cpu.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu --format=csv -lms 200 > "$out/clocks.csv" 2>/dev/null &
 clocks=$!
-step 110 "$py" -m hw calibrate --interfaces --out "$out/profile.json" --force
-step 60 "$py" -m hw scenario data-parallel --profile "$out/profile.json" --out "$out/data-parallel.json"
-step 70 "$py" -m hw scenario hogwild --profile "$out/profile.json" --out "$out/hogwild.json"
+step 100 "$py" -m hw calibrate --interfaces --out "$out/profile.json" --force
+step 55 "$py" -m hw scenario data-parallel --profile "$out/profile.json" --out "$out/data-parallel.json"
+step 60 "$py" -m hw scenario hogwild --profile "$out/profile.json" --out "$out/hogwild.json"
+step 25 "$py" scripts/gil_switches.py "$out/gil-switches.json"
 kill "$clocks" 2>/dev/null
 wait "$clocks" 2>/dev/null
 [ -s "$out/clocks.csv" ] || rm -f "$out/clocks.csv"
