@@ -27,7 +27,7 @@ from parsim.sim.gil import wake_points
 
 ELEMENTS = {"cuda": 1024, "cpu": 16}  # small: the device runs each op faster than it is launched
 BLOCK = 8  # launches between two looks at the clock
-HOLDS_S = (0.0, 8e-6, 16e-6, 32e-6, 64e-6, 128e-6, 256e-6)  # extra GIL time per launch in the wake-up probes
+HOLDS_S = tuple(h * 1e-6 for h in (0, 8, 16, 32, 48, 64, 96, 128, 256))  # extra GIL time a launch, wake-up probes
 SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
 
 
@@ -173,13 +173,17 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
     return statistics.median(times) / modules
 
 
-def gil_costs(device: torch.device, window_s: float = 0.3, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
+def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
               source: str = "") -> tuple[GilCosts, dict]:
     """One thread's time per launch, its GIL-free part, and the wake-up curve from one and two threads
     launching with each hold in holds_s (GIL held longer per launch), with the raw rounds."""
     points = tuple((n, hold) for hold in holds_s for n in (1, 2))
     times = launch_rounds(device, points, window_s, rounds)
-    one, two = ([times[(n, hold)]["per_launch_s"] for hold in holds_s] for n in (1, 2))
+    one = [times[(1, hold)]["per_launch_s"] for hold in holds_s]
+    # two threads' extra time over one thread's, paired within each round (a drift of the host moves both)
+    extra = [statistics.median(b["per_launch_s"] - a["per_launch_s"]
+                               for a, b in zip(times[(1, hold)]["rounds"], times[(2, hold)]["rounds"]))
+             for hold in holds_s]
     launch = times[(1, holds_s[0])]["per_launch_s"]
     released = released_s(device)
     try:
@@ -188,7 +192,7 @@ def gil_costs(device: torch.device, window_s: float = 0.3, rounds: int = 5, hold
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
     costs = GilCosts(launch, thread_cost_s(), None if released is None else min(released, launch),
-                     wake_points(one, two), cpu_cores(), replicate, source)
+                     wake_points(one, [o + e for o, e in zip(one, extra)]), cpu_cores(), replicate, source)
     return costs, {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
                    "released_s": released,
                    "holds": [{"hold_s": hold, "threads": n, **times[(n, hold)]} for n, hold in points]}

@@ -24,7 +24,7 @@ from parsim.profile import Profile, save_profile
 QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
          "window_s": 0.02, "rounds": 2, "holds_s": (0.0, 32e-6)}
 FULL = {"spec": HOGWILD_MODEL, "duration_s": 1.0, "stream_bytes": 64 << 20, "cpu_rounds": 2,
-        "window_s": 0.3, "rounds": 5, "holds_s": HOLDS_S}
+        "window_s": 0.25, "rounds": 5, "holds_s": HOLDS_S}
 
 
 def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
