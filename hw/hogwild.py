@@ -170,25 +170,25 @@ def _stream_job(nbytes: int) -> Callable[[int], Job]:
 
 def speed_counts(cores: int) -> tuple[int, ...]:
     """Process counts for the core-speed probe, none of them the experiment's (1, 2, 4, 8, 16): 3, 6, 12, ..
-    up to the core count and one less than it if that is no power of two; on 1-2 cores, 3 processes
-    sharing them (the speed of all cores busy)."""
-    counts = [3 << k for k in range(32) if 3 << k <= cores]
-    if cores - 1 > max(counts, default=0) and (cores - 1) & (cores - 2):
+    up to the core count (at least to 12: on fewer cores, processes time-share them, as 4-16 do in the
+    experiment), and one less than the core count if that is no power of two."""
+    counts = [3 << k for k in range(32) if 3 << k <= max(cores, 12)]
+    if cores - 1 > max(counts) and (cores - 1) & (cores - 2):
         counts.append(cores - 1)
-    return tuple(counts) or (3,)
+    return tuple(counts)
 
 
 def core_speeds(spec: str, cores: int, duration_s: float, rounds: int) -> tuple[float, dict[int, float], dict]:
-    """One Hogwild step alone, and a core's speed with n busy against one alone, from the Hogwild step itself:
-    n processes training the shared model, for each n in speed_counts(cores) (the counts take turns in each
-    round; medians over rounds). Where n exceeds the cores, they share them: the speed of all cores busy."""
+    """One Hogwild step alone, and a core's speed with n processes against one alone, from the Hogwild step
+    itself: n processes training the shared model, for each n in speed_counts(cores) (the counts take turns in
+    each round; medians over rounds): all their steps a second over min(n, cores), against one alone."""
     counts = (1, *speed_counts(cores))
     runs = {n: [] for n in counts}
     for _ in range(rounds):
         for n in counts:
             runs[n].append(hogwild_steps(spec, n, duration_s))
     step = {n: statistics.median(r["step_s"] for r in v) for n, v in runs.items()}
-    speed = {1: 1.0} | {min(n, cores): step[1] / (step[n] * min(n, cores)) for n in counts[1:]}
+    speed = {1: 1.0} | {n: step[1] / (step[n] * min(n, cores)) for n in counts[1:]}
     return step[1], speed, {str(n): v for n, v in runs.items()}
 
 

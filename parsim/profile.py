@@ -154,9 +154,10 @@ class GilCosts:
 class CpuCosts:
     """The CPU's cores and memory, and one Hogwild training step on them (`hw calibrate --interfaces`).
 
-    core_speed: busy cores -> a core's speed then against one busy alone (all-core clocks, shared caches and
-    parameters), measured with `core_speed_probe` ("step": N processes training the Hogwild model itself;
-    "matmul": a private matrix product, in profiles calibrated before 2026-11-24);
+    core_speed: processes -> a core's speed then against one process alone (all-core clocks, shared caches and
+    parameters; more processes than cores time-share them), measured with `core_speed_probe` ("step": N processes
+    training the Hogwild model itself; "matmul": a private matrix product, 1 to `cores` processes, in profiles
+    calibrated before 2026-11-24);
     step_s: one process's training step of `step_model` alone, one intra-op thread.
     """
 

@@ -183,11 +183,19 @@ def test_core_speed_is_linear_between_measured_counts():
     assert [core_speed(CPU, n) for n in (1, 2, 4, 9)] == pytest.approx([1.0, 1 - 0.2 / 3, 0.8, 0.8])
 
 
+def test_processes_beyond_the_cores_run_at_the_speed_measured_for_that_many():
+    """Time-sharing 4 cores: 8 processes at 0.6 of a core's speed alone (measured), 16 beyond the last probe."""
+    cpu = dataclasses.replace(CPU, core_speed={1: 1.0, 4: 0.8, 8: 0.6})
+    assert 1 / hogwild_step_s(cpu, 8) == pytest.approx(4 * 0.6 / CPU.step_s)
+    assert 1 / hogwild_step_s(cpu, 6) == pytest.approx(4 * 0.7 / CPU.step_s)
+    assert 1 / hogwild_step_s(cpu, 16) == pytest.approx(4 * 0.6 / CPU.step_s)
+
+
 @pytest.mark.parametrize("n", HOGWILD_PROCESSES)
 def test_hogwild_scales_with_busy_cores_then_shares_them(n):
     t = hogwild_step_s(CPU, n)
     busy = min(n, CPU.cores)
-    assert 1 / t == pytest.approx(busy * core_speed(CPU, busy) / CPU.step_s)
+    assert 1 / t == pytest.approx(busy * core_speed(CPU, n) / CPU.step_s)
 
 
 def test_hogwild_is_held_to_the_memory_bandwidth_once_it_binds():

@@ -162,7 +162,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
 
 SPEED_PROBES = {  # what measured CpuCosts.core_speed
     "step": "speeds measured with the Hogwild step itself, 3, 6, 12, .. processes sharing the parameters (more "
-            "processes than cores: the speed of all cores busy)",
+            "processes than cores time-share them)",
     "matmul": "speeds measured with a private 128x128 matmul in each process (profiles before 2026-11-24; it "
               "slows more than the Hogwild step as cores fill)",
 }
@@ -228,7 +228,7 @@ def hogwild(profile: Profile) -> ScenarioResult:
         f"takes {cpu.step_s * 1e3:.2f} ms of core time and moves {step_bytes(model) / 1e6:.1f} MB "
         f"(parameters x6, stash x2) through memory, the two overlapped",
         f"{cpu.cores} cores shared by the processes (one each up to {cpu.cores}), each at the measured speed for "
-        f"that many busy cores ({', '.join(f'{n}: {s:.2f}' for n, s in sorted(cpu.core_speed.items()))}), "
+        f"that many processes ({', '.join(f'{n}: {s:.2f}' for n, s in sorted(cpu.core_speed.items()))}), "
         f"linear in between, flat beyond; {SPEED_PROBES.get(cpu.core_speed_probe, cpu.core_speed_probe)}",
         f"memory: {cpu.bandwidth_Bps / 1e9:.1f} GB/s shared, at most {cpu.core_bandwidth_Bps / 1e9:.1f} GB/s a "
         "process; updates to the shared parameters take no lock and cost nothing beyond what the speed probe saw",
