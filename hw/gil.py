@@ -37,7 +37,9 @@ def keep_clocks_up(device: torch.device, seconds: float) -> bool:
     take longer than its launch and the host would be timing the GPU. False without a GPU or torch.cuda._sleep."""
     if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
         return False
-    with torch.cuda.stream(torch.cuda.Stream(device)):
+    # a high-priority stream: torch hands streams out of per-priority pools in turn, so the launching threads'
+    # (default priority) never get one that still holds a spin
+    with torch.cuda.stream(torch.cuda.Stream(device, priority=-1)):
         torch.cuda._sleep(int(seconds * SPIN_HZ))
     return True
 
