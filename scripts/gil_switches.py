@@ -19,11 +19,14 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import torch
 
-from hw.gil import ELEMENTS
-from hw.hogwild import machine
-from hw.opcosts import sync
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
+from hw.gil import ELEMENTS  # noqa: E402
+from hw.hogwild import machine  # noqa: E402
+from hw.opcosts import sync  # noqa: E402
 
 
 def logged_run(device: torch.device, threads: int, launches: int, hold_s: float) -> dict:
