@@ -438,9 +438,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"and length, comma-separated; default {TRANSFORMERS}), and their host cost")
     p.add_argument("--cpu", action="store_true", help="a small, fast calibration on the CPU (for tests)")
     p.add_argument("--interfaces", action="store_true",
-                   help="only what `parsim scenario data-parallel` and `hogwild` need (the GIL under launching "
-                        "threads, on GPU 0 or else with CPU ops; the CPU's cores and memory; a Hogwild step; "
-                        "~20 s), added to --base")
+                   help="only what `parsim scenario data-parallel` and `hogwild` need (on GPU 0, else with CPU "
+                        "ops: a launch alone, its GIL-free part, one and two threads launching with the GIL held "
+                        "longer; a Hogwild step alone and in 3, 6, 12, .. processes; memory bandwidth; ~1 min), "
+                        "added to --base")
     p.add_argument("--runtimes", default="", metavar="NAME,...",
                    help="also the costs of these pipeline runtimes besides hw's runner (profile.runtimes): "
                         f"{', '.join(f'{n}: {what}' for n, what in RUNTIME_PROBES.items())}")

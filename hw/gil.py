@@ -1,8 +1,11 @@
 """The GIL experiment: N Python threads of one process, each launching small kernels on its own CUDA stream
-(on the CPU: small CPU ops), and the costs `parsim.scenarios.interfaces` models it with.
+(on the CPU: small CPU ops) for a fixed time, and the probes that calibrate `parsim.sim.gil` for it.
 
-A thread holds the GIL for the Python part of each launch; torch's bindings drop it for the C++ part.
-Throughput of all threads together against one thread alone shows how much of a launch overlaps.
+A thread holds the GIL for the Python part of each launch; torch's bindings drop it for the C++ part. The
+probes: one thread's time per launch; the C++ part alone (the same op issued from a TorchScript loop); and
+one and two threads launching while each holds the GIL a set time longer per launch, which makes the other
+thread's core sleep that long before each wake-up (`parsim.sim.gil.wake_points`). None is the experiment's
+own point at 3-8 threads.
 """
 
 from __future__ import annotations
@@ -12,57 +15,132 @@ import statistics
 import sys
 import threading
 import time
+import warnings
 
 import torch
 from torch import nn
 
+from hw.hogwild import cpu_cores
 from hw.opcosts import sync
 from parsim.profile import GilCosts
+from parsim.sim.gil import wake_points
 
 ELEMENTS = {"cuda": 1024, "cpu": 16}  # small: the device runs each op faster than it is launched
+BLOCK = 8  # launches between two looks at the clock
+HOLDS_S = tuple(h * 1e-6 for h in (0, 8, 16, 32, 48, 64, 96, 128, 256))  # extra GIL time a launch, wake-up probes
+SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
 
 
-def launch_loop_s(device: torch.device, threads: int, launches: int) -> float:
-    """Wall time for `threads` threads to launch `launches` `y = x + 1` each, each thread on a stream of its own.
+def keep_clocks_up(device: torch.device, seconds: float) -> bool:
+    """A kernel spinning for `seconds` (longer below the top clock) on a stream of its own, so that the GPU is busy
+    and at its working clocks while tiny kernels are timed: idle, an H200 sits at 390-510 MHz, where a kernel may
+    take longer than its launch and the host would be timing the GPU. False without a GPU or torch.cuda._sleep."""
+    if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
+        return False
+    # a high-priority stream: torch hands streams out of per-priority pools in turn, so the launching threads'
+    # (default priority) never get one that still holds a spin
+    with torch.cuda.stream(torch.cuda.Stream(device, priority=-1)):
+        torch.cuda._sleep(int(seconds * SPIN_HZ))
+    return True
 
-    Timed from the moment they are released together until the last has launched its last op (host only);
-    the device is synchronised afterwards, outside the timing.
+
+def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: float = 0.0) -> dict:
+    """`threads` threads, each launching `y = x + 1` on a stream of its own until window_s has passed (and
+    holding the GIL hold_s more after each launch, spinning in Python): host time per launch of all of them.
+
+    Timed from their common start until the last has stopped, over all their launches; each looks at the clock
+    every BLOCK launches, so a thread asleep at the deadline finishes its block first. A GPU is kept busy
+    meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL) and how long its
+    streams took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host,
+    set the pace).
     """
     xs = [torch.ones(ELEMENTS[device.type], device=device) for _ in range(threads)]
     streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(threads)]
     go = threading.Barrier(threads + 1)
+    counts, ends, deadline = [0] * threads, [0.0] * threads, [0.0]
+    clock = time.perf_counter
 
     def work(i: int) -> None:
-        x = xs[i]
+        x, n = xs[i], 0
         with torch.cuda.stream(streams[i]) if streams[i] is not None else contextlib.nullcontext():
             go.wait()
-            for _ in range(launches):
-                x + 1
+            end = deadline[0]
+            while clock() < end:
+                for _ in range(BLOCK):
+                    x + 1
+                    if hold_s:
+                        until = clock() + hold_s
+                        while clock() < until:
+                            pass
+                n += BLOCK
+        counts[i], ends[i] = n, clock()
 
     workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
+    spinning = keep_clocks_up(device, window_s)
+    start = clock()
+    deadline[0] = start + window_s
     go.wait()
-    t0 = time.perf_counter()
     for w in workers:
         w.join()
-    elapsed = time.perf_counter() - t0
-    sync(device)
-    return elapsed
+    elapsed = max(ends) - start
+    t0 = clock()
+    for stream in streams:
+        if stream is not None:
+            stream.synchronize()
+    return {"per_launch_s": elapsed / sum(counts), "launches": counts, "drain_s": clock() - t0,
+            "clocks_kept_up": spinning}
 
 
-def launch_times(device: torch.device, counts: tuple[int, ...], launches: int, rounds: int) -> dict[int, dict]:
-    """Per thread count: host time per launch of all threads together (median over rounds) and every round's.
+def launch_rounds(device: torch.device, points: tuple[tuple[int, float], ...], window_s: float,
+                  rounds: int) -> dict[tuple[int, float], dict]:
+    """Per (threads, hold_s): the median time per launch over rounds, and every round's loop.
 
-    The counts take turns within each round, so a drift of the host's speed touches them all alike.
+    The points take turns within each round, so a drift of the host's speed touches them all alike.
     """
-    for n in counts:  # warm-up: streams, the allocator's blocks, first launches
-        launch_loop_s(device, n, min(launches, 200))
-    raw: dict[int, list[float]] = {n: [] for n in counts}
+    for n, hold in points:  # warm-up: streams, the allocator's blocks, first launches
+        launch_loop(device, n, min(window_s, 0.05), hold)
+    raw: dict[tuple[int, float], list[dict]] = {p: [] for p in points}
     for _ in range(rounds):
-        for n in counts:
-            raw[n].append(launch_loop_s(device, n, launches) / (n * launches))
-    return {n: {"per_launch_s": statistics.median(v), "rounds_s": v} for n, v in raw.items()}
+        for p in points:
+            raw[p].append(launch_loop(device, p[0], window_s, p[1]))
+    return {p: {"per_launch_s": statistics.median(r["per_launch_s"] for r in v), "rounds": v}
+            for p, v in raw.items()}
+
+
+def launch_times(device: torch.device, counts: tuple[int, ...], window_s: float, rounds: int) -> dict[int, dict]:
+    """The experiment: per thread count, the median time per launch of all threads (no extra hold)."""
+    times = launch_rounds(device, tuple((n, 0.0) for n in counts), window_s, rounds)
+    return {n: times[(n, 0.0)] for n in counts}
+
+
+def released_s(device: torch.device, launches: int = 500, repeat: int = 20) -> float | None:
+    """A launch's C++ part alone: `y = y + 1` issued by a TorchScript loop, which runs no Python per op
+    (dispatch and the driver's launch, what torch's bindings run without the GIL). None if TorchScript fails."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript is deprecated; it still runs the op without Python
+
+            @torch.jit.script
+            def loop(y: torch.Tensor, n: int) -> torch.Tensor:
+                for _ in range(n):
+                    y = y + 1
+                return y
+
+            x = torch.ones(ELEMENTS[device.type], device=device)
+            times = []
+            for k in range(repeat + 3):  # the first calls profile and optimise the loop
+                sync(device)  # each call queues fewer kernels than the device's queue holds
+                t0 = time.perf_counter()
+                loop(x, launches)
+                if k >= 3:
+                    times.append((time.perf_counter() - t0) / launches)
+            sync(device)
+    except Exception as e:  # noqa: BLE001 - the model holds the GIL all the launch then, and says so
+        print(f"warning: the GIL-free part of a launch not timed ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    return statistics.median(times)
 
 
 def thread_cost_s(repeat: int = 200) -> float:
@@ -97,16 +175,26 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
     return statistics.median(times) / modules
 
 
-def gil_costs(device: torch.device, threads: int = 8, launches: int = 2000, rounds: int = 5,
+def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
               source: str = "") -> tuple[GilCosts, dict]:
-    """One thread's time per launch and `threads` threads' together (the GIL-bound pace), with the raw rounds."""
-    times = launch_times(device, (1, threads), launches, rounds)
+    """One thread's time per launch, its GIL-free part, and the wake-up curve from one and two threads
+    launching with each hold in holds_s (GIL held longer per launch), with the raw rounds."""
+    points = tuple((n, hold) for hold in holds_s for n in (1, 2))
+    times = launch_rounds(device, points, window_s, rounds)
+    one = [times[(1, hold)]["per_launch_s"] for hold in holds_s]
+    # two threads' extra time over one thread's, paired within each round (a drift of the host moves both)
+    extra = [statistics.median(b["per_launch_s"] - a["per_launch_s"]
+                               for a, b in zip(times[(1, hold)]["rounds"], times[(2, hold)]["rounds"]))
+             for hold in holds_s]
+    launch = times[(1, holds_s[0])]["per_launch_s"]
+    released = released_s(device)
     try:
         replicate = replicate_module_s(device)
     except Exception as e:  # noqa: BLE001 - the launch costs stand without it; the scenario says what is missing
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
-    costs = GilCosts(times[1]["per_launch_s"], times[threads]["per_launch_s"], threads, thread_cost_s(), replicate,
-                     source)
-    return costs, {"launches": launches, "rounds": rounds, "elements": ELEMENTS[device.type],
-                   "times": {str(n): v for n, v in times.items()}}
+    costs = GilCosts(launch, thread_cost_s(), None if released is None else min(released, launch),
+                     wake_points(one, [o + e for o, e in zip(one, extra)]), cpu_cores(), replicate, source)
+    return costs, {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
+                   "released_s": released,
+                   "holds": [{"hold_s": hold, "threads": n, **times[(n, hold)]} for n, hold in points]}

@@ -145,24 +145,17 @@ def cpu_name() -> str:
     return "cpu"
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
 def machine() -> dict:
     """What the CPU measurements ran on: processor, cores this process may use, and the load at the time."""
-    return {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+    return {"cpu": cpu_name(), "cores": cpu_cores(), "loadavg": os.getloadavg()}
 
 
 # --- the CPU's costs ------------------------------------------------------------------------------------
-
-def _matmul_job(size: int = 128, repeat: int = 20) -> Callable[[int], Job]:
-    """A core-bound probe: products of private size x size matrices, in cache."""
-    def make(rank: int) -> Job:
-        a, out = torch.randn(size, size), torch.empty(size, size)
-
-        def step() -> None:
-            for _ in range(repeat):
-                torch.mm(a, a, out=out)
-        return step
-    return make
-
 
 def _stream_job(nbytes: int) -> Callable[[int], Job]:
     """A memory-bound probe: copying a private buffer far larger than the caches (2 x nbytes moved a step)."""
@@ -175,27 +168,39 @@ def _stream_job(nbytes: int) -> Callable[[int], Job]:
     return make
 
 
-def probe_counts(cores: int) -> tuple[int, ...]:
-    """Busy-core counts to time the core probe at: powers of two below the core count, and the core count."""
-    counts, n = [], 1
-    while n < cores:
-        counts.append(n)
-        n *= 2
-    return (*counts, cores)
+def speed_counts(cores: int) -> tuple[int, ...]:
+    """Process counts for the core-speed probe, none of them the experiment's (1, 2, 4, 8, 16): 3, 6, 12, ..
+    up to the core count (at least to 12: on fewer cores, processes time-share them, as 4-16 do in the
+    experiment), and one less than the core count if that is no power of two."""
+    counts = [3 << k for k in range(32) if 3 << k <= max(cores, 12)]
+    if cores - 1 > max(counts) and (cores - 1) & (cores - 2):
+        counts.append(cores - 1)
+    return tuple(counts)
 
 
-def cpu_costs(spec: str, duration_s: float = 1.0, stream_bytes: int = 64 << 20, source: str = "",
-              ) -> tuple[CpuCosts, dict]:
-    """Cores, each core's speed as more are busy, memory bandwidth, and one Hogwild step of `spec` alone."""
-    cores = len(os.sched_getaffinity(0))
-    speed_raw = {n: rates(run_processes(_matmul_job(), n, duration_s)) for n in probe_counts(cores)}
-    alone = statistics.median(speed_raw[1])
-    core_speed = {n: statistics.median(r) / alone for n, r in speed_raw.items()}
+def core_speeds(spec: str, cores: int, duration_s: float, rounds: int) -> tuple[float, dict[int, float], dict]:
+    """One Hogwild step alone, and a core's speed with n processes against one alone, from the Hogwild step
+    itself: n processes training the shared model, for each n in speed_counts(cores) (the counts take turns in
+    each round; medians over rounds): all their steps a second over min(n, cores), against one alone."""
+    counts = (1, *speed_counts(cores))
+    runs = {n: [] for n in counts}
+    for _ in range(rounds):
+        for n in counts:
+            runs[n].append(hogwild_steps(spec, n, duration_s))
+    step = {n: statistics.median(r["step_s"] for r in v) for n, v in runs.items()}
+    speed = {1: 1.0} | {n: step[1] / (step[n] * min(n, cores)) for n in counts[1:]}
+    return step[1], speed, {str(n): v for n, v in runs.items()}
+
+
+def cpu_costs(spec: str, duration_s: float = 1.0, stream_bytes: int = 64 << 20, rounds: int = 2,
+              source: str = "") -> tuple[CpuCosts, dict]:
+    """Cores, each core's speed as more are busy (the Hogwild step's own), memory bandwidth of one core and of
+    all, and one Hogwild step of `spec` alone."""
+    cores = cpu_cores()
     stream = {n: rates(run_processes(_stream_job(stream_bytes), n, duration_s)) for n in (1, cores)}
     moved = 2 * stream_bytes
-    step = hogwild_steps(spec, 1, duration_s)
+    step_s, core_speed, runs = core_speeds(spec, cores, duration_s, rounds)
     costs = CpuCosts(cores, core_speed, moved * statistics.median(stream[1]), moved * sum(stream[cores]),
-                     step["step_s"], spec, source)
-    return costs, {"core_probe_rates": {str(n): r for n, r in speed_raw.items()},
-                   "stream_rates": {str(n): r for n, r in stream.items()}, "stream_bytes": moved,
-                   "step": step, "duration_s": duration_s}
+                     step_s, spec, source, core_speed_probe="step")
+    return costs, {"speed_probe_runs": runs, "stream_rates": {str(n): r for n, r in stream.items()},
+                   "stream_bytes": moved, "duration_s": duration_s, "rounds": rounds}

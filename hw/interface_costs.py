@@ -15,14 +15,16 @@ from pathlib import Path
 
 import torch
 
-from hw.gil import gil_costs
+from hw.gil import HOLDS_S, gil_costs
 from hw.hogwild import cpu_costs, machine
 from parsim.files import write_atomic
 from parsim.scenarios.interfaces import HOGWILD_MODEL
 from parsim.profile import Profile, save_profile
 
-QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "launches": 200, "rounds": 2}  # --cpu
-FULL = {"spec": HOGWILD_MODEL, "duration_s": 1.0, "stream_bytes": 64 << 20, "launches": 2000, "rounds": 5}
+QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
+         "window_s": 0.02, "rounds": 2, "holds_s": (0.0, 32e-6)}
+FULL = {"spec": HOGWILD_MODEL, "duration_s": 1.0, "stream_bytes": 64 << 20, "cpu_rounds": 2,
+        "window_s": 0.25, "rounds": 5, "holds_s": HOLDS_S}
 
 
 def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
@@ -31,10 +33,10 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m hw " + " ".join(sys.argv[1:])
     before = machine()
-    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"],
+    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"], size["cpu_rounds"],
                              source=f"{before['cpu']}, {command}, {now}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ops on {before['cpu']}"
-    gil, gil_raw = gil_costs(device, launches=size["launches"], rounds=size["rounds"],
+    gil, gil_raw = gil_costs(device, size["window_s"], size["rounds"], size["holds_s"],
                              source=f"{name}, torch {torch.__version__}, {command}, {now}")
     profile = dataclasses.replace(base, gil=gil, cpu=cpu)
     meta = {"command": command, "date": now, "torch": torch.__version__, "python": platform.python_version(),
@@ -42,10 +44,12 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     samples = out.with_name(out.stem + ".samples.json")
     write_atomic(samples, json.dumps({"meta": meta, "gil": gil_raw, "cpu": cpu_raw}, indent=2) + "\n")
     save_profile(profile, out)
-    print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {gil.contended_launch_s * 1e6:.2f} us per "
-          f"launch with {gil.threads} threads; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
+    released = "not timed" if gil.released_s is None else f"{gil.released_s * 1e6:.2f} us of it without the GIL"
+    print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {released}; waking a thread whose core slept "
+          + ", ".join(f"{s * 1e6:.0f} us: {c * 1e6:.1f} us" for s, c in gil.wake)
+          + f"; {gil.cores} cores; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
           + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else ""))
-    print(f"CPU ({before['cpu']}): {cpu.cores} cores, core speed "
+    print(f"CPU ({before['cpu']}): {cpu.cores} cores, core speed (the Hogwild step) "
           + ", ".join(f"{n}: {s:.2f}" for n, s in sorted(cpu.core_speed.items()))
           + f"; memory {cpu.core_bandwidth_Bps / 1e9:.1f} GB/s one core, {cpu.bandwidth_Bps / 1e9:.1f} GB/s all; "
           f"a Hogwild step of {cpu.step_model} {cpu.step_s * 1e3:.2f} ms")

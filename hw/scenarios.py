@@ -130,23 +130,24 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     return scenario.figures(times)
 
 
-def measure_data_parallel(device: torch.device, launches: int = 5000, rounds: int = 5) -> dict:
-    """The GIL experiment: 1-8 threads launching small kernels, each on its own stream of one GPU (or CPU ops).
+def measure_data_parallel(device: torch.device, window_s: float = 0.4, rounds: int = 7) -> dict:
+    """The GIL experiment: 1-8 threads launching small kernels for window_s, each on its own stream of one GPU
+    (or CPU ops); `rounds` rounds, the counts taking turns.
 
     nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
-    from hw.gil import ELEMENTS, launch_times
+    from hw.gil import BLOCK, ELEMENTS, launch_times
     from hw.hogwild import machine
     from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
 
     before = machine()
-    times = launch_times(device, LAUNCH_THREADS, launches, rounds)
+    times = launch_times(device, LAUNCH_THREADS, window_s, rounds)
     return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}),
-            "raw": {"launches": launches, "rounds": rounds, "elements": ELEMENTS[device.type],
+            "raw": {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
                     "machine_before": before, "machine_after": machine(),
                     "times": {str(n): t for n, t in times.items()}}}
 
 
-def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 2,
+def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 3,
                     counts: tuple[int, ...] | None = None) -> dict:
     """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused)."""
     from hw.hogwild import machine, measure_hogwild as measure
@@ -163,7 +164,7 @@ def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: f
 MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu,
            "data-parallel": measure_data_parallel, "hogwild": measure_hogwild}
 TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16},
-        "data-parallel": {"launches": 100, "rounds": 2},
+        "data-parallel": {"window_s": 0.01, "rounds": 2},
         "hogwild": {"spec": "1x16x8", "duration_s": 0.2, "rounds": 1, "counts": (1, 2)}}
 ON_ANY_MACHINE = ("data-parallel", "hogwild")  # they run on the CPU where no GPU is visible, at full size
 

@@ -149,39 +149,39 @@ class KernelCost:
 class GilCosts:
     """How Python threads of one process share its interpreter lock while they launch (`hw calibrate --interfaces`).
 
-    launch_s: host time of one launch with one thread alone; contended_launch_s: host time per launch of all
-    threads together while `threads` of them launch at once (the GIL-bound pace). DataParallel's Python
-    costs beside them: starting and joining a thread, and replicating one module onto one GPU (GPU only).
+    launch_s: one thread's time per launch alone; released_s: the part of it run without the GIL (the same op
+    issued from C++, by TorchScript; None: not measured, all of it held). wake: (slept_s, cost_s) pairs: what
+    waking a thread whose CPU core has been idle slept_s costs the thread that wakes it, from two threads
+    launching with the GIL held longer per launch (`parsim.sim.gil.wake_points`). cores: the CPU cores the
+    process may use. DataParallel's Python costs beside them: a thread started and joined, one module replicated.
     """
 
     launch_s: float
-    contended_launch_s: float
-    threads: int
     thread_s: float
+    released_s: float | None = None
+    wake: tuple[tuple[float, float], ...] = ()
+    cores: int | None = None
     replicate_module_s: float | None = None
     source: str = ""
 
     @property
     def held_s(self) -> float:
-        """The part of a launch that holds the GIL: at most the launch, at most the contended pace."""
-        return min(self.contended_launch_s, self.launch_s)
+        """The part of a launch that holds the GIL (argument parsing, wrapping the result)."""
+        return self.launch_s - (self.released_s or 0.0)
 
     @property
-    def released_s(self) -> float:
-        """The part that runs without it (dispatch and the driver's launch), as far as contention shows it."""
-        return self.launch_s - self.held_s
-
-    @property
-    def handoff_s(self) -> float:
-        """What contention adds to each launch beyond the launch alone (waking the next thread), if anything."""
-        return max(self.contended_launch_s - self.launch_s, 0.0)
+    def held_share(self) -> float:
+        return self.held_s / self.launch_s
 
 
 @dataclass(frozen=True)
 class CpuCosts:
     """The CPU's cores and memory, and one Hogwild training step on them (`hw calibrate --interfaces`).
 
-    core_speed: busy cores -> a core's speed then against one busy alone (all-core clocks, shared caches);
+    core_speed: processes -> a core's speed then against one process alone (all-core clocks, shared caches and
+    parameters; more processes than cores time-share them), measured with `core_speed_probe` ("step": N processes
+    training the Hogwild model itself; "matmul": a private matrix product, 1 to `cores` processes, in profiles
+    calibrated before 2026-11-24);
     step_s: one process's training step of `step_model` alone, one intra-op thread.
     """
 
@@ -192,6 +192,7 @@ class CpuCosts:
     step_s: float
     step_model: str
     source: str = ""
+    core_speed_probe: str = "matmul"
 
 
 @dataclass(frozen=True)
@@ -352,9 +353,19 @@ def _whole(doc: dict, key: str, where: str) -> int:
 
 
 def _gil(doc: dict, where: str) -> GilCosts:
-    replicate = doc.get("replicate_module_s")
-    return GilCosts(_number(doc, "launch_s", where), _number(doc, "contended_launch_s", where),
-                    _whole(doc, "threads", where), _number(doc, "thread_s", where, positive=False),
+    """The gil section; one calibrated before the wake-up probes (contended_launch_s, no wake) loads without them."""
+    replicate, released = doc.get("replicate_module_s"), doc.get("released_s")
+    launch = _number(doc, "launch_s", where)
+    released = None if released is None else _number(doc, "released_s", where, positive=False)
+    if released is not None and released > launch:
+        raise ProfileError(f"{where}.released_s must be at most launch_s ({launch!r}), got {released!r}")
+    wake = doc.get("wake", [])
+    if not isinstance(wake, list) or not all(isinstance(w, list) and len(w) == 2 for w in wake):
+        raise ProfileError(f"{where}.wake must be a list of [slept_s, cost_s] pairs, got {wake!r}")
+    points = tuple(sorted((_number({"slept_s": a}, "slept_s", f"{where}.wake", positive=False),
+                           _number({"cost_s": b}, "cost_s", f"{where}.wake", positive=False)) for a, b in wake))
+    return GilCosts(launch, _number(doc, "thread_s", where, positive=False), released, points,
+                    None if doc.get("cores") is None else _whole(doc, "cores", where),
                     None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
                     str(doc.get("source", "")))
 
@@ -369,7 +380,8 @@ def _cpu(doc: dict, where: str) -> CpuCosts:
         raise ProfileError(f"{where}.core_speed has no speed for 1 busy core")
     return CpuCosts(_whole(doc, "cores", where), core_speed, _number(doc, "core_bandwidth_Bps", where),
                     _number(doc, "bandwidth_Bps", where), _number(doc, "step_s", where),
-                    str(doc.get("step_model", "")), str(doc.get("source", "")))
+                    str(doc.get("step_model", "")), str(doc.get("source", "")),
+                    str(doc.get("core_speed_probe", "matmul")))
 
 
 def load_profile(path: str | os.PathLike | None = None) -> Profile:

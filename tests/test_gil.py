@@ -1,26 +1,40 @@
-"""The GIL as a host resource: threads of one process take turns holding it; what they release overlaps."""
+"""The GIL as CPython hands it: one thread at a time, sleepers in line, a wake-up cost that grows with how long the
+sleeper's core slept; and the launch experiment the calibration's two-thread probes predict."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from parsim.sim.gil import Gil, GilLaunch, gil_thread
+from parsim.profile import GilCosts
+from parsim.scenarios.interfaces import launch_pace_s
+from parsim.sim.gil import Gil, GilLaunch, gil_thread, non_decreasing, wake_cost, wake_points
 from parsim.sim.machine import Launch, Machine, Sync
 
 
-def _threads(n: int, steps: int, held_s: float, released_s: float, handoff_s: float = 0.0) -> tuple[float, Gil]:
+def _threads(n: int, steps: int, held_s: float, released_s: float, wake_s: float = 0.0,
+             cores: int | None = None) -> tuple[float, Gil]:
     m = Machine()
-    gil = Gil(m.env, handoff_s)
+    gil = Gil(m.env, lambda slept_s: wake_s, cores)
     for t in range(n):
         gil_thread(m, f"t{t}", gil).steps += [GilLaunch(None, held_s, released_s)] * steps
     return m.run(), gil
 
 
+def _costs(wake: tuple[tuple[float, float], ...], launch_s: float = 10.0, released_s: float = 4.0,
+           cores: int | None = None) -> GilCosts:
+    return GilCosts(launch_s, 0.0, released_s, wake, cores)
+
+
+# --- the lock ------------------------------------------------------------------------------------------
+
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
-@pytest.mark.parametrize("held_s,released_s", [(1.0, 0.0), (1.0, 0.5), (0.2, 1.0), (1.0, 7.0)])
-def test_threads_finish_no_sooner_than_their_held_time_added_up(n, held_s, released_s):
+@pytest.mark.parametrize("held_s,released_s,wake_s", [(1.0, 0.0, 0.0), (1.0, 0.5, 0.0), (0.2, 1.0, 0.3),
+                                                      (1.0, 7.0, 2.0)])
+def test_threads_finish_no_sooner_than_their_held_time_added_up(n, held_s, released_s, wake_s):
     steps = 10
-    end, gil = _threads(n, steps, held_s, released_s)
+    end, gil = _threads(n, steps, held_s, released_s, wake_s)
     assert end >= n * steps * held_s - 1e-9
     assert gil.held_s == pytest.approx(n * steps * held_s)
     assert end >= steps * (held_s + released_s) - 1e-9  # and no sooner than one thread alone
@@ -32,13 +46,23 @@ def test_a_gil_bound_loop_is_n_times_one_thread(n):
     assert end == pytest.approx(n * 50.0)
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
-def test_released_parts_overlap_until_the_lock_is_busy(n):
-    """Held 1, released r: N threads run at their own pace (1 + r) until N exceeds 1 + r, then at the lock's (N)."""
-    steps, r = 40, 3.0
-    end, _ = _threads(n, steps, 1.0, r)
-    per_step = max(1.0 + r, n * 1.0)
-    assert end == pytest.approx(per_step * steps, rel=n / steps + 1e-9)
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_one_thread_keeps_the_gil_through_its_gil_free_parts(n):
+    """A launching thread takes the GIL back before the one it woke runs: held 1, released 3, the threads run one
+    after another, each handing over at its last launch (whose GIL-free part overlaps the next thread's)."""
+    steps = 10
+    end, gil = _threads(n, steps, 1.0, 3.0)
+    assert end == pytest.approx(n * (steps * 1.0 + (steps - 1) * 3.0) + 3.0)
+    assert gil.handoffs == n - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_each_launch_pays_a_wake_up_while_others_sleep(n):
+    """Wake-up 0.25 a release while anyone sleeps: the k-th thread to run has n-1-k sleepers behind it."""
+    steps, wake = 10, 0.25
+    end, gil = _threads(n, steps, 1.0, 0.0, wake)
+    assert gil.wakes == (n - 1) * steps
+    assert end == pytest.approx((n - 1) * steps * (1.0 + wake) + steps * 1.0)
 
 
 @pytest.mark.parametrize("n", [1, 2, 8])
@@ -48,14 +72,6 @@ def test_without_a_gil_threads_overlap_completely(n):
         host = m.host(f"t{t}")
         host.steps += [Launch(m.op(f"s{t}", f"op{t}.{i}", 0.0), 1.0, 1.0) for i in range(10)]
     assert m.run() == pytest.approx(10.0)
-
-
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_each_handoff_costs_the_new_holder(n):
-    steps, handoff = 20, 0.25
-    end, gil = _threads(n, steps, 1.0, 0.0, handoff)
-    assert gil.handoffs == (0 if n == 1 else n * steps - 1)  # first come, first served: a handoff at every turn
-    assert end == pytest.approx(n * steps * 1.0 + gil.handoffs * handoff)
 
 
 def test_a_thread_waiting_in_a_sync_leaves_the_gil_to_others():
@@ -70,6 +86,16 @@ def test_a_thread_waiting_in_a_sync_leaves_the_gil_to_others():
     assert a.synced_at == [pytest.approx(11.0)]
 
 
+def test_a_thread_that_leaves_hands_the_gil_over_after_the_wake_up():
+    m = Machine()
+    gil = Gil(m.env, lambda slept_s: 0.5)
+    a, b = gil_thread(m, "a", gil), gil_thread(m, "b", gil)
+    a.steps.append(GilLaunch(None, 2.0, 0.0))  # holds first, then ends
+    b.steps.append(GilLaunch(None, 1.0, 0.0))
+    assert m.run() == pytest.approx(2.0 + 0.5 + 1.0)
+    assert gil.handoffs == 1 and a.finished_at == pytest.approx(2.5)  # a paid the wake-up too
+
+
 def test_an_op_launched_under_the_gil_starts_once_its_launch_is_done():
     m = Machine()
     gil = Gil(m.env)
@@ -81,3 +107,95 @@ def test_an_op_launched_under_the_gil_starts_once_its_launch_is_done():
     assert m.run() == pytest.approx(3.0 + 1.0 + 0.5 + 2.0)
     assert op.start_s == pytest.approx(4.5)
     assert [(o.name, s, e) for o, s, e in launcher.spans()] == [("kernel", 0.0, pytest.approx(4.5))]
+
+
+# --- the wake-up curve -----------------------------------------------------------------------------------
+
+def test_the_wake_up_is_linear_between_probes_and_flat_beyond():
+    cost = wake_cost(((10.0, 1.0), (30.0, 5.0)))
+    assert [cost(s) for s in (0.0, 10.0, 20.0, 30.0, 99.0)] == pytest.approx([1.0, 1.0, 3.0, 5.0, 5.0])
+    assert wake_cost(())(50.0) == 0.0
+
+
+def test_wake_points_read_the_extra_time_of_two_threads_at_the_core_sleep_of_one_launch():
+    points = wake_points([10.0, 20.0, 40.0], [10.5, 23.0, 48.0])
+    assert [p for point in points for p in point] == pytest.approx([10, 0.5, 20, 3.0, 40, 8.0])
+
+
+@pytest.mark.parametrize("values,fitted", [([1, 3, 2, 4], [1, 2.5, 2.5, 4]), ([5, 1, 1], [7 / 3] * 3),
+                                           ([0, 1, 2], [0, 1, 2]), ([], [])])
+def test_non_decreasing_pools_the_runs_that_fall(values, fitted):
+    assert non_decreasing(values) == pytest.approx(fitted)
+
+
+@given(st.lists(st.floats(-100, 100), max_size=12))
+def test_non_decreasing_never_falls_and_keeps_the_mean(values):
+    fitted = non_decreasing(values)
+    assert fitted == sorted(fitted) and len(fitted) == len(values)
+    assert sum(fitted) == pytest.approx(sum(values), abs=1e-6)
+
+
+@given(st.lists(st.tuples(st.floats(1.0, 1e3), st.floats(-5.0, 20.0)), min_size=1, max_size=8, unique_by=lambda p: p[0]))
+def test_wake_points_never_fall_as_the_core_sleeps_longer_and_never_go_below_zero(probes):
+    one = [s for s, _ in probes]
+    points = wake_points(one, [s + extra for s, extra in probes])
+    assert [s for s, _ in points] == sorted(one)
+    costs = [c for _, c in points]
+    assert all(c >= 0 for c in costs) and costs == sorted(costs)
+
+
+# --- the launch experiment -----------------------------------------------------------------------------
+
+CURVE = ((10.0, 0.0), (40.0, 6.0), (100.0, 14.0))
+
+
+def test_one_thread_alone_pays_no_contention():
+    assert launch_pace_s(_costs(((0.0, 50.0), (1.0, 50.0))), 1) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_many_threads_are_bounded_by_the_cheapest_and_dearest_wake_up(n):
+    pace = launch_pace_s(_costs(CURVE), n)
+    assert 10.0 <= pace <= 10.0 + 14.0 + 1e-9
+
+
+def test_more_threads_sleep_longer_so_each_launch_pays_more_until_the_curve_is_flat():
+    paces = [launch_pace_s(_costs(CURVE), n) for n in range(1, 9)]
+    assert paces == sorted(paces)
+    assert paces[-1] == pytest.approx(10.0 + 14.0)  # 7 sleepers: each slept ~150, past the last probe
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_linear_wake_up_gives_the_closed_form_pace(n):
+    """Wake-up a x slept: each of n-1 sleepers is woken once every n-1 launches, and went back to sleep when woken
+    the time before, so it slept (n-1) P - c: P = t1 + a ((n-2) P + t1), P = t1 (1 + a) / (1 - a (n-2))."""
+    a, t1 = 0.1, 10.0
+    pace = launch_pace_s(_costs(((0.0, 0.0), (1e6, a * 1e6)), launch_s=t1), n)
+    assert pace == pytest.approx(t1 * (1 + a) / (1 - a * (n - 2)), rel=1e-5)  # the start-up decays geometrically
+
+
+def test_the_two_thread_probes_are_reproduced_from_the_curve_they_calibrate():
+    """The calibration's own probes, fed back through the model: one and two threads holding the GIL longer."""
+    holds = (0.0, 10.0, 30.0, 90.0)
+    one = [10.0 + h for h in holds]
+    two = [10.0, 21.0, 45.0, 114.0]
+    gil = _costs(wake_points(one, two))
+    for hold, o, t in zip(holds, one, two):
+        assert launch_pace_s(gil, 1, hold) == pytest.approx(o)
+        assert launch_pace_s(gil, 2, hold) == pytest.approx(t)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_threads_sharing_one_core_wake_each_other_at_the_price_of_a_core_that_never_slept(n):
+    """On one core the sleeper's core is the running one: every wake-up costs what the curve says for 0 idle."""
+    assert launch_pace_s(_costs(((0.0, 1.0), (50.0, 20.0)), cores=1), n) == pytest.approx(11.0)
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.integers(2, 8), st.integers(1, 16), st.floats(0.0, 20.0), st.floats(0.0, 20.0))
+def test_more_cores_never_make_the_threads_faster(n, cores, c0, rise):
+    """A core that idles longer is dearer to wake: spreading the threads over more cores never speeds them up."""
+    wake = ((5.0, c0), (200.0, c0 + rise))
+    fewer = launch_pace_s(_costs(wake, cores=cores), n)
+    more = launch_pace_s(_costs(wake, cores=cores + 1), n)
+    assert more >= fewer - 1e-9

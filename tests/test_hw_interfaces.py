@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.gil import gil_costs, launch_loop_s, launch_times  # noqa: E402
-from hw.hogwild import hogwild_steps, probe_counts, rates, run_processes  # noqa: E402
+from hw.gil import gil_costs, launch_loop, launch_times, released_s  # noqa: E402
+from hw.hogwild import core_speeds, hogwild_steps, rates, run_processes, speed_counts  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.scenarios import SCENARIOS, compare_figures  # noqa: E402
@@ -25,18 +25,30 @@ def _hw(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hw", *argv], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_threads_launching_cpu_ops_take_positive_time_per_launch(threads):
-    assert launch_loop_s(CPU, threads, 50) > 0
-    times = launch_times(CPU, tuple(dict.fromkeys((1, threads))), launches=50, rounds=2)
-    assert all(len(t["rounds_s"]) == 2 and t["per_launch_s"] > 0 for t in times.values())
+@pytest.mark.parametrize("threads,hold_s", [(1, 0.0), (3, 0.0), (2, 20e-6)])
+def test_threads_launch_until_the_window_closes_and_count_their_launches(threads, hold_s):
+    loop = launch_loop(CPU, threads, 0.02, hold_s)
+    assert len(loop["launches"]) == threads and sum(loop["launches"]) > 0 and loop["drain_s"] >= 0
+    assert loop["per_launch_s"] >= hold_s  # a hold is GIL time of every launch
+    assert loop["clocks_kept_up"] is False  # no GPU to keep busy
+    times = launch_times(CPU, tuple(dict.fromkeys((1, threads))), window_s=0.01, rounds=2)
+    assert all(len(t["rounds"]) == 2 and t["per_launch_s"] > 0 for t in times.values())
 
 
-def test_gil_costs_keep_their_raw_rounds():
-    costs, raw = gil_costs(CPU, threads=2, launches=50, rounds=2)
-    assert costs.threads == 2 and costs.launch_s > 0 and costs.contended_launch_s > 0 and costs.thread_s > 0
+def test_the_gil_free_part_of_a_launch_is_shorter_than_the_launch():
+    costs, _ = gil_costs(CPU, window_s=0.01, rounds=1, holds_s=(0.0,))
+    released = released_s(CPU, launches=200, repeat=3)
+    assert released is not None and 0 < released < 10 * costs.launch_s  # TorchScript runs the op without Python
+
+
+def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
+    costs, raw = gil_costs(CPU, window_s=0.01, rounds=2, holds_s=(0.0, 40e-6))
+    assert costs.launch_s > 0 and costs.thread_s > 0 and costs.cores >= 1
+    assert costs.released_s is None or 0 <= costs.released_s <= costs.launch_s
     assert costs.replicate_module_s is None  # replicate needs a GPU
-    assert set(raw["times"]) == {"1", "2"}
+    assert len(costs.wake) == 2 and costs.wake[1][0] > 40e-6  # the core slept a whole launch and its hold
+    assert {(h["threads"], h["hold_s"]) for h in raw["holds"]} == {(1, 0.0), (2, 0.0), (1, 40e-6), (2, 40e-6)}
+    assert all(len(h["rounds"]) == 2 for h in raw["holds"])
 
 
 def test_a_tiny_hogwild_moves_the_shared_parameters():
@@ -60,9 +72,17 @@ def test_rates_count_steps_between_first_and_last():
     assert rates([[1.0, 2.0, 3.0], [0.0, 0.5], [4.0]]) == [1.0, 2.0]
 
 
-@pytest.mark.parametrize("cores,counts", [(1, (1,)), (2, (1, 2)), (6, (1, 2, 4, 6)), (16, (1, 2, 4, 8, 16))])
-def test_core_probe_counts_run_up_to_every_core(cores, counts):
-    assert probe_counts(cores) == counts
+@pytest.mark.parametrize("cores,counts", [(1, (3, 6, 12)), (2, (3, 6, 12)), (8, (3, 6, 12)), (14, (3, 6, 12, 13)),
+                                          (16, (3, 6, 12, 15)), (17, (3, 6, 12)), (32, (3, 6, 12, 24, 31))])
+def test_core_speed_probes_avoid_the_experiment_counts(cores, counts):
+    assert speed_counts(cores) == counts
+    assert not set(counts) & {1, 2, 4, 8, 16}
+
+
+def test_core_speeds_come_from_the_hogwild_step_itself():
+    step_s, speed, runs = core_speeds("1x16x8", cores=2, duration_s=0.1, rounds=1)
+    assert step_s > 0 and set(speed) == {1, 3, 6, 12} and speed[1] == 1.0 and all(s > 0 for s in speed.values())
+    assert set(runs) == {"1", "3", "6", "12"} and all(r["params_moved"] for v in runs.values() for r in v)
 
 
 def test_calibrate_interfaces_adds_both_sections_to_the_base(tmp_path):
@@ -71,6 +91,7 @@ def test_calibrate_interfaces_adds_both_sections_to_the_base(tmp_path):
     assert result.returncode == 0, result.stderr
     profile = load_profile(out)
     assert profile.gil is not None and profile.cpu is not None and profile.cpu.step_model == "1x16x8"
+    assert profile.gil.wake and profile.cpu.core_speed_probe == "step"
     assert profile.layers == load_profile().layers  # the rest is the base's
     samples = json.loads(out.with_name("p.samples.json").read_text())
     assert samples["meta"]["command"].startswith("python -m hw calibrate --interfaces")
@@ -88,7 +109,7 @@ def test_measured_figures_pair_up_with_the_predicted_ones(name, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["raw"] and doc["command"].startswith("python -m hw scenario")
     profile = dataclasses.replace(load_profile(),
-                                  gil=GilCosts(8e-6, 4e-6, 8, 5e-5, 1e-5, "tests"),
+                                  gil=GilCosts(8e-6, 5e-5, 4e-6, ((8e-6, 1e-6),), 2, 1e-5, "tests"),
                                   cpu=CpuCosts(2, {1: 1.0, 2: 0.9}, 1e10, 2e10, 1e-3, "1x16x8", "tests"))
     rows = compare_figures(SCENARIOS[name](profile), doc["measured"])
     assert {figure for figure, *_ in rows} == set(doc["measured"])  # every measured figure has a prediction

@@ -6,21 +6,23 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import simpy
 from conftest import make_profile
 
 from parsim.errors import ProfileError
-from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_step_s, launch_figures,
-                               launch_threads_s, step_bytes, hogwild_model)
+from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_model, hogwild_step_s,
+                                        launch_figures, launch_pace_s, step_bytes)
 from parsim.profile import CollectiveSpec, CpuCosts, GilCosts, HostCosts, KernelCost, from_json, load_profile
 from parsim.sim.cpu import SharedRate, core_speed
 from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s
 from parsim.workload import StageCost, Work
 
-GIL = GilCosts(launch_s=8e-6, contended_launch_s=2e-6, threads=8, thread_s=50e-6, replicate_module_s=10e-6,
-               source="tests")
+GIL = GilCosts(launch_s=8e-6, thread_s=50e-6, released_s=6e-6, wake=((0.0, 0.0),), cores=None,
+               replicate_module_s=10e-6, source="tests")
+HELD = dataclasses.replace(GIL, released_s=0.0)  # all of a launch under the GIL, no wake-up cost
 CPU = CpuCosts(cores=4, core_speed={1: 1.0, 4: 0.8}, core_bandwidth_Bps=1e12, bandwidth_Bps=1e13, step_s=0.01,
                step_model="2x16x8", source="tests")
 
@@ -52,8 +54,11 @@ def test_the_shipped_profile_still_loads_without_them():
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda d: d["gil"].update(contended_launch_s=0), r"gil.contended_launch_s must be a positive number"),
-    (lambda d: d["gil"].update(threads=0.5), r"gil.threads must be a whole number"),
+    (lambda d: d["gil"].update(launch_s=0), r"gil.launch_s must be a positive number"),
+    (lambda d: d["gil"].update(cores=0.5), r"gil.cores must be a whole number"),
+    (lambda d: d["gil"].update(released_s=1.0), r"gil.released_s must be at most launch_s"),
+    (lambda d: d["gil"].update(wake=[[1e-6]]), r"gil.wake must be a list of \[slept_s, cost_s\] pairs"),
+    (lambda d: d["gil"].update(wake=[[1e-6, -1.0]]), r"gil.wake.cost_s must be a number >= 0"),
     (lambda d: d["cpu"].update(core_speed={"x": 1.0}), r"cpu.core_speed"),
     (lambda d: d["cpu"].update(core_speed={"2": 0.9}), r"no speed for 1 busy core"),
     (lambda d: d.update(cpu=[]), r"cpu is missing or not an object"),
@@ -65,29 +70,37 @@ def test_malformed_sections_name_the_field(edit, message):
         from_json(doc)
 
 
-@pytest.mark.parametrize("name,section", [("data-parallel", "gil"), ("hogwild", "cpu")])
-def test_a_scenario_without_its_costs_names_the_calibration_in_one_line(name, section):
-    result = subprocess.run([sys.executable, "-m", "parsim", "scenario", name], capture_output=True, text=True,
-                            timeout=60)
+@pytest.mark.parametrize("name,section,profile", [
+    ("data-parallel", "gil section", None), ("hogwild", "cpu section", None),
+    ("data-parallel", "gil.wake", "data/interfaces/h200x2-2026-11-23-2/profile.json"),  # calibrated before wake-ups
+])
+def test_a_scenario_without_its_costs_names_the_calibration_in_one_line(name, section, profile):
+    root = Path(__file__).parent.parent
+    argv = [sys.executable, "-m", "parsim", "scenario", name] + (["--profile", str(root / profile)] if profile else [])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"no {section} section" in lines[0] and "hw calibrate --interfaces" in lines[0]
+    assert len(lines) == 1 and f"no {section}" in lines[0] and "hw calibrate --interfaces" in lines[0]
+
+
+def test_a_gil_section_from_before_the_wake_up_probes_still_loads():
+    root = Path(__file__).parent.parent
+    profile = load_profile(root / "data/interfaces/h200x2-2026-11-23-2/profile.json")
+    assert profile.gil.launch_s > 0 and profile.gil.wake == () and profile.cpu.core_speed_probe == "matmul"
 
 
 # --- the GIL experiment ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("launch_us,contended_us", [(8.0, 2.0), (8.0, 5.0), (8.0, 8.0), (8.0, 11.0)])
-def test_launch_throughput_is_the_threads_own_pace_until_the_gil_binds(launch_us, contended_us):
-    gil = dataclasses.replace(GIL, launch_s=launch_us * 1e-6, contended_launch_s=contended_us * 1e-6)
-    figures = launch_figures(gil, threads=(1, 2, 3, 8))
-    assert figures["launch_threads1_s"] == pytest.approx(launch_us * 1e-6)
-    for n in (2, 3, 8):
-        expected = min(n, launch_us / contended_us)  # the lock's pace: held time plus any handoff
-        assert figures[f"launch_threads{n}_speedup_ratio"] == pytest.approx(expected, rel=n / 200 + 1e-6)
+def test_launch_figures_pair_a_time_and_a_speedup_for_every_thread_count():
+    figures = launch_figures(dataclasses.replace(GIL, wake=((8e-6, 0.0), (100e-6, 10e-6))), threads=(1, 2, 8))
+    assert figures["launch_threads1_s"] == pytest.approx(8e-6) and figures["launch_threads1_speedup_ratio"] == 1.0
+    for n in (2, 8):
+        assert figures[f"launch_threads{n}_speedup_ratio"] == pytest.approx(8e-6 / figures[f"launch_threads{n}_s"])
+    assert figures["launch_threads8_s"] > figures["launch_threads2_s"]
 
 
-def test_more_gil_per_launch_never_makes_threads_faster():
-    times = [launch_threads_s(dataclasses.replace(GIL, contended_launch_s=c * 1e-6), 4) for c in (1, 2, 4, 8, 12)]
+def test_a_dearer_wake_up_never_makes_threads_faster():
+    times = [launch_pace_s(dataclasses.replace(GIL, wake=((0.0, c * 1e-6),)), 4) for c in (0, 1, 2, 4, 8)]
     assert times == sorted(times) and times[-1] > times[0]
 
 
@@ -100,7 +113,7 @@ def _replica(layers: int = 4, gpu_s: float = 0.0, host_s: float = 10e-6, params:
 
 def test_one_gpu_is_the_plain_step_with_no_replicas_or_threads():
     """Host-bound and GPU-free: forward, loss and backward call under the GIL, then backward in one device thread."""
-    p = _profile(gil=dataclasses.replace(GIL, contended_launch_s=GIL.launch_s))
+    p = _profile(gil=HELD)
     step = data_parallel_step_s(_replica(layers=4, host_s=10e-6), 1, p)
     assert step == pytest.approx(4 * 10e-6 + 2 * 8e-6 + 4 * 20e-6)
 
@@ -108,8 +121,7 @@ def test_one_gpu_is_the_plain_step_with_no_replicas_or_threads():
 @pytest.mark.parametrize("gpus", [2, 4, 8])
 def test_forward_threads_take_turns_under_the_gil_and_replicate_grows_with_gpus(gpus):
     """All of a launch holds the GIL: the replicas' forwards add up; backward's C++ overlaps across GPUs."""
-    gil = dataclasses.replace(GIL, contended_launch_s=GIL.launch_s)
-    p = _profile(gil=gil)
+    p = _profile(gil=HELD)
     replica = _replica(layers=4, host_s=10e-6)
     step = data_parallel_step_s(replica, gpus, p)
     # main: scatter (gpus-1) + broadcast launches, replicate, thread starts; threads: forwards in turn;
@@ -120,13 +132,16 @@ def test_forward_threads_take_turns_under_the_gil_and_replicate_grows_with_gpus(
     assert step == pytest.approx(serial)
 
 
-def test_a_launch_that_releases_the_gil_lets_the_forwards_overlap():
-    held = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(GIL, contended_launch_s=8e-6)))
-    released = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(GIL, contended_launch_s=2e-6)))
-    assert released < held
-    # overlap saves at most the released part (3/4) of the launches under the GIL: 4 x 4 layer forwards, and
-    # 3 scatters, a broadcast, 3 gathers, the loss, the backward call, 3 gradient scatters and the reduce
-    assert held - released <= (16 * 10e-6 + 13 * 8e-6) * (1 - 2 / 8) + 1e-12
+def test_the_forward_threads_pay_their_wake_ups_but_gain_nothing_from_gil_free_parts_while_others_sleep():
+    """One forward thread keeps the GIL while the others sleep: what a launch runs without the GIL does not let
+    another thread's launch in, and every release while others sleep pays a wake-up (at most one per GIL launch:
+    4 x 4 layer forwards, 3 scatters, a broadcast, 3 gathers, the loss, the backward call, 3 gradient scatters
+    and the reduce)."""
+    held = data_parallel_step_s(_replica(), 4, _profile(gil=HELD))
+    released = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(HELD, released_s=6e-6)))
+    assert released == pytest.approx(held)
+    woken = data_parallel_step_s(_replica(), 4, _profile(gil=dataclasses.replace(HELD, wake=((0.0, 1e-6),))))
+    assert held < woken <= held + (16 + 13) * 1e-6 + 1e-12
 
 
 def test_ddp_beats_data_parallel_and_the_text_model_never_gains_from_data_parallel():
@@ -168,11 +183,19 @@ def test_core_speed_is_linear_between_measured_counts():
     assert [core_speed(CPU, n) for n in (1, 2, 4, 9)] == pytest.approx([1.0, 1 - 0.2 / 3, 0.8, 0.8])
 
 
+def test_processes_beyond_the_cores_run_at_the_speed_measured_for_that_many():
+    """Time-sharing 4 cores: 8 processes at 0.6 of a core's speed alone (measured), 16 beyond the last probe."""
+    cpu = dataclasses.replace(CPU, core_speed={1: 1.0, 4: 0.8, 8: 0.6})
+    assert 1 / hogwild_step_s(cpu, 8) == pytest.approx(4 * 0.6 / CPU.step_s)
+    assert 1 / hogwild_step_s(cpu, 6) == pytest.approx(4 * 0.7 / CPU.step_s)
+    assert 1 / hogwild_step_s(cpu, 16) == pytest.approx(4 * 0.6 / CPU.step_s)
+
+
 @pytest.mark.parametrize("n", HOGWILD_PROCESSES)
 def test_hogwild_scales_with_busy_cores_then_shares_them(n):
     t = hogwild_step_s(CPU, n)
     busy = min(n, CPU.cores)
-    assert 1 / t == pytest.approx(busy * core_speed(CPU, busy) / CPU.step_s)
+    assert 1 / t == pytest.approx(busy * core_speed(CPU, n) / CPU.step_s)
 
 
 def test_hogwild_is_held_to_the_memory_bandwidth_once_it_binds():

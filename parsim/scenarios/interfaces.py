@@ -16,7 +16,7 @@ from parsim.profile import CpuCosts, GilCosts, Profile
 from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
-from parsim.sim.gil import Gil, GilLaunch, gil_thread
+from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost
 from parsim.sim.machine import Machine
 from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s, need_gil
 from parsim.sim.predict import simulate
@@ -34,23 +34,29 @@ TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches o
 PREDICTED_LAUNCHES = 200  # per thread: enough for the steady pace (the simulation's time grows with it)
 
 
-def launch_threads_s(gil: GilCosts, threads: int, launches: int = PREDICTED_LAUNCHES) -> float:
-    """Host time of `threads` Python threads each launching `launches` small kernels (each on its own stream).
+def launch_pace_s(gil: GilCosts, threads: int, hold_s: float = 0.0, launches: int = PREDICTED_LAUNCHES) -> float:
+    """Host time per launch of `threads` Python threads launching small kernels together (each on its own
+    stream), each holding the GIL hold_s longer per launch, while all of them launch (as a time-boxed run sees it).
 
-    The kernels are shorter than their launches, so only the host is timed: the wall time until the
-    last thread has launched its last kernel.
+    The kernels are shorter than their launches, so only the host is timed. The pace is read off the launches
+    that end before the first thread is done, after every sleeper has been woken twice (the steady state).
     """
     m = Machine()
-    lock = Gil(m.env, gil.handoff_s)
-    for t in range(threads):
-        gil_thread(m, f"thread{t}", lock).steps += [GilLaunch(None, gil.held_s, gil.released_s)] * launches
-    return m.run()
+    lock = Gil(m.env, wake_cost(gil.wake), gil.cores)
+    step = GilLaunch(None, gil.held_s + hold_s, gil.released_s or 0.0)
+    workers = [gil_thread(m, f"thread{t}", lock) for t in range(threads)]
+    for w in workers:
+        w.steps += [step] * launches
+    m.run()
+    done = min(w.finished_at for w in workers)
+    ends = sorted(end for w in workers for _, _, end in w.launch_spans if end <= done)
+    skip = 2 * threads
+    return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
 
 
 def launch_figures(gil: GilCosts, threads: tuple[int, ...] = LAUNCH_THREADS) -> dict[str, float]:
     """Per thread count: host time per launch of all threads together, and their throughput against one thread."""
-    per_launch = {n: launch_threads_s(gil, n) / (PREDICTED_LAUNCHES * n) for n in threads}
-    return launch_ratios(per_launch)
+    return launch_ratios({n: launch_pace_s(gil, n) for n in threads})
 
 
 def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
@@ -58,6 +64,21 @@ def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
     one = per_launch_s[1]
     return {**{f"launch_threads{n}_s": t for n, t in per_launch_s.items()},
             **{f"launch_threads{n}_speedup_ratio": one / t for n, t in per_launch_s.items()}}
+
+
+def gil_assumption(gil: GilCosts) -> str:
+    """What the GIL model takes from the calibration, in one line."""
+    (s0, c0), (s1, c1) = gil.wake[0], gil.wake[-1]
+    held = (f"holds the GIL {gil.held_s * 1e6:.2f} us and runs {gil.released_s * 1e6:.2f} us without it (the op "
+            "issued from TorchScript)" if gil.released_s is not None else "holds the GIL all its time (its "
+            "GIL-free part was not measured)")
+    cores = f"threads on {gil.cores} cores" if gil.cores else "a core per thread"
+    return (f"GIL: a launch takes {gil.launch_s * 1e6:.2f} us alone and {held}; a thread that finds the GIL held "
+            "sleeps in line; each release wakes the first sleeper, and the releaser pays a wake-up that grows with "
+            f"how long the sleeper's core was idle ({c0 * 1e6:.1f} us after {s0 * 1e6:.0f} us idle, "
+            f"{c1 * 1e6:.1f} us after {s1 * 1e6:.0f} us; measured with two threads holding the GIL longer per "
+            "launch); a launching thread takes the GIL back before the one it woke runs, so one thread keeps it "
+            f"while the others sleep; {cores}; CPython's forced switch (every 5 ms) is left out")
 
 
 # --- nn.DataParallel against DistributedDataParallel ------------------------------------------------
@@ -108,10 +129,8 @@ def dp_figures(name: str, replica_at, profile: Profile, gpus: tuple[int, ...] = 
 
 
 DP_ASSUMPTIONS = (
-    "launch experiment: N threads each launch small kernels on its own stream of one GPU; kernels run faster than "
-    "they are launched, so only the host is timed",
-    "GIL: a launch holds it for min(contended, alone) of its time and runs the rest without it; contention beyond "
-    "the launch alone is paid at each handoff; both from `hw calibrate --interfaces` (gil section)",
+    "launch experiment: N threads each launch small kernels on its own stream of one GPU for a fixed time; "
+    "kernels run faster than they are launched, so only the host is timed",
     "DataParallel's forward threads hold the GIL for the same share of each layer's host time as a launch does; "
     "backward runs in autograd's C++ device threads without it, except Gather's and Broadcast's Python backward",
     "replicate: one NCCL broadcast of the parameters at the all-reduce's latency and bus bandwidth, then "
@@ -127,7 +146,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (f"GIL costs: {gil.source}",)
+    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
@@ -140,6 +159,14 @@ def data_parallel(profile: Profile) -> ScenarioResult:
 
 
 # --- Hogwild ------------------------------------------------------------------------------------------
+
+SPEED_PROBES = {  # what measured CpuCosts.core_speed
+    "step": "speeds measured with the Hogwild step itself, 3, 6, 12, .. processes sharing the parameters (more "
+            "processes than cores time-share them)",
+    "matmul": "speeds measured with a private 128x128 matmul in each process (profiles before 2026-11-24; it "
+              "slows more than the Hogwild step as cores fill)",
+}
+
 
 def need_cpu(profile: Profile) -> CpuCosts:
     if profile.cpu is None:
@@ -201,10 +228,10 @@ def hogwild(profile: Profile) -> ScenarioResult:
         f"takes {cpu.step_s * 1e3:.2f} ms of core time and moves {step_bytes(model) / 1e6:.1f} MB "
         f"(parameters x6, stash x2) through memory, the two overlapped",
         f"{cpu.cores} cores shared by the processes (one each up to {cpu.cores}), each at the measured speed for "
-        f"that many busy cores ({', '.join(f'{n}: {s:.2f}' for n, s in sorted(cpu.core_speed.items()))}), "
-        "linear in between",
+        f"that many processes ({', '.join(f'{n}: {s:.2f}' for n, s in sorted(cpu.core_speed.items()))}), "
+        f"linear in between, flat beyond; {SPEED_PROBES.get(cpu.core_speed_probe, cpu.core_speed_probe)}",
         f"memory: {cpu.bandwidth_Bps / 1e9:.1f} GB/s shared, at most {cpu.core_bandwidth_Bps / 1e9:.1f} GB/s a "
-        "process; updates to the shared parameters take no lock and cost nothing more",
+        "process; updates to the shared parameters take no lock and cost nothing beyond what the speed probe saw",
         f"CPU costs: {cpu.source}",
     )
     return ScenarioResult("hogwild", figures, f"hogwild_procs{max(HOGWILD_PROCESSES)}_speedup_ratio",

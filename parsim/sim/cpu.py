@@ -62,8 +62,10 @@ class SharedRate:
         self._schedule()
 
 
-def core_speed(cpu: CpuCosts, busy: int) -> float:
-    """A core's speed while `busy` cores run, against one alone: the measured counts, linear in between."""
+def core_speed(cpu: CpuCosts, processes: int) -> float:
+    """A core's speed while `processes` run, against one alone: the measured counts, linear in between, flat beyond
+    (more processes than cores time-share them: what that leaves of each core)."""
+    busy = processes
     known = sorted(cpu.core_speed.items())
     if busy <= known[0][0]:
         return known[0][1]
@@ -74,8 +76,8 @@ def core_speed(cpu: CpuCosts, busy: int) -> float:
 
 
 def cores(env: simpy.Environment, cpu: CpuCosts) -> SharedRate:
-    """The CPU's cores: up to `cores` jobs run on one each, more share them; each at the speed that many busy allow."""
-    return SharedRate(env, lambda n: min(1.0, cpu.cores / n) * core_speed(cpu, min(n, cpu.cores)))
+    """The CPU's cores: up to `cores` jobs run on one each, more share them; each at the speed that many allow."""
+    return SharedRate(env, lambda n: min(1.0, cpu.cores / n) * core_speed(cpu, n))
 
 
 def memory(env: simpy.Environment, cpu: CpuCosts) -> SharedRate:

@@ -1,21 +1,29 @@
-"""Python's interpreter lock (GIL) as a host resource: threads of one process take turns running Python.
+"""Python's interpreter lock (GIL) as CPython hands it between threads, and what waking a sleeping thread costs.
 
-A GilThread is a HostThread whose launches hold the process's GIL for their Python part and run the
-rest (argument parsing done, the C++ dispatch and the driver's launch) without it, as torch's bindings
-release it. Threads waiting for the GIL take it in turn; each handoff from one thread to another may
-cost the newcomer a calibrated handoff_s (waking it). Kept apart from HostThread, whose run is the
-simulator's hot loop: a thread that holds no GIL never pays for this one's events.
+A thread that finds the GIL free takes it at once; one that finds it held sleeps, in line (CPython's
+take_gil waits on a condition variable). A thread that gives the GIL up (drop_gil) wakes the first sleeper
+and pays for it: the wake-up costs more the longer the sleeper's CPU core has been idle (a core idle for
+microseconds is still polling; one idle longer has halted and must be interrupted, on a VM through the
+hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread comes back from its GIL-free part
+(torch's bindings release the GIL around dispatch) before the thread it woke runs, so it takes the GIL
+again and the woken one goes back to sleep, last in line: one thread keeps the GIL and every launch of it
+pays a wake-up. A thread that leaves (it syncs, joins or ends) hands the GIL to the one it woke.
+Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import simpy
 
 from parsim.sim.machine import HostThread, Launch, Machine, Op
+
+WakeCost = Callable[[float], float]  # how long a core has been idle (s) -> what waking a thread on it costs (s)
 
 
 class GilLaunch(NamedTuple):
@@ -26,32 +34,131 @@ class GilLaunch(NamedTuple):
     released_s: float
 
 
-class Gil:
-    """One process's GIL: one thread holds it at a time; waiting threads take it first come, first served.
+def wake_cost(points: Sequence[tuple[float, float]]) -> WakeCost:
+    """The cost of a wake-up, linear between the measured (slept_s, cost_s) points and flat beyond them."""
+    if not points:
+        return lambda slept_s: 0.0
+    slept, cost = np.array(points, dtype=float).T
+    return lambda slept_s: float(np.interp(slept_s, slept, cost))
 
-    Taking it from another thread costs handoff_s more, held (the measured cost of contention per launch);
-    taking it back with no one else in between costs nothing.
+
+def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """The wake-up curve from the two-thread probes: one_s[k] and two_s[k] are the time per launch of one and of
+    two threads that hold the GIL some extra time after each launch (the k-th hold).
+
+    With two threads one keeps the GIL and wakes the other at every launch (see the module's docstring); the
+    sleeper's core has then been idle for one launch of the other, one_s[k], and each launch costs two_s[k] -
+    one_s[k] more than alone. The costs are fitted to a curve that never falls as the core sleeps longer (a
+    deeper idle state is never quicker to leave), and never below zero.
+    """
+    order = np.argsort(one_s)
+    slept = np.asarray(one_s, dtype=float)[order]
+    extra = np.asarray(two_s, dtype=float)[order] - slept
+    fitted = np.maximum(non_decreasing(extra), 0.0)
+    return tuple((float(s), float(c)) for s, c in zip(slept, fitted))
+
+
+def non_decreasing(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest to `values` in least squares (isotonic regression: pool adjacent
+    violators). scipy.optimize.isotonic_regression does it from scipy 1.12; parsim allows scipy 1.10."""
+    blocks: list[list[float]] = []  # [mean, count] of each pooled run
+    for v in values:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+@dataclass
+class _Sleeper:
+    thread: object
+    event: simpy.Event  # fires when it is handed the GIL
+
+
+class Gil:
+    """One process's GIL: held by one thread at a time; a line of sleepers; a wake-up cost per sleeper woken.
+
+    Threads run on `cores` CPU cores, the i-th thread seen on core i mod cores (one core each if None); a
+    sleeper's core has been idle since any thread last ran on it (not idle while one runs there).
     """
 
-    def __init__(self, env: simpy.Environment, handoff_s: float = 0.0):
+    def __init__(self, env: simpy.Environment, wake: WakeCost | None = None, cores: int | None = None):
         self.env = env
-        self.handoff_s = handoff_s
-        self.lock = simpy.Resource(env, capacity=1)
-        self.last_holder: object | None = None
-        self.held_s = 0.0  # time it was held, handoffs included, for reports and tests
-        self.handoffs = 0
+        self.wake = wake or (lambda slept_s: 0.0)
+        self.cores = cores
+        self.holder: object | None = None  # holding it, or woken to take it
+        self.line: deque[_Sleeper] = deque()
+        self._core: dict[int, int] = {}  # id(thread) -> its core
+        self._running: Counter[int] = Counter()  # threads running on each core
+        self._idle_since: dict[int, float] = {}
+        self.held_s = 0.0  # for reports and tests
+        self.wakes = 0  # sleepers woken
+        self.wake_s = 0.0  # what waking them cost
+        self.handoffs = 0  # of the GIL to a woken sleeper
 
-    def hold(self, thread: object, seconds: float) -> Iterator[simpy.Event]:
-        """Take the GIL (waiting in line), hold it `seconds` (plus a handoff if it changed hands), give it back."""
-        with self.lock.request() as req:
-            yield req
-            if self.last_holder is not None and self.last_holder is not thread:
-                seconds += self.handoff_s
-                self.handoffs += 1
-            self.last_holder = thread
-            self.held_s += seconds
-            if seconds > 0:
-                yield self.env.timeout(seconds)
+    # --- where threads run ---
+
+    def core(self, thread: object) -> int:
+        key = id(thread)  # threads are dataclasses: compared by value, not hashable
+        if key not in self._core:
+            n = len(self._core)
+            self._core[key] = n % self.cores if self.cores else n
+        return self._core[key]
+
+    def running(self, thread: object) -> None:
+        """`thread` runs on its core from now (it started, or woke from a sync or from the line)."""
+        self._running[self.core(thread)] += 1
+
+    def stopped(self, thread: object) -> None:
+        """`thread` leaves its core (it sleeps or ends); the core is idle from now if no other thread runs there."""
+        core = self.core(thread)
+        self._running[core] -= 1
+        self._idle_since[core] = max(self._idle_since.get(core, 0.0), self.env.now)
+
+    def slept_s(self, thread: object) -> float:
+        """How long the core `thread` would wake on has been idle."""
+        core = self.core(thread)
+        if self._running[core] > 0:
+            return 0.0
+        return max(self.env.now - self._idle_since.get(core, 0.0), 0.0)
+
+    # --- the lock ---
+
+    def take(self, thread: object) -> simpy.Event | None:
+        """Take the GIL: None if `thread` has it at once, else the event that hands it over (the thread sleeps)."""
+        if self.holder is None:
+            self.holder = thread
+            return None
+        sleeper = _Sleeper(thread, self.env.event())
+        self.line.append(sleeper)
+        self.stopped(thread)
+        return sleeper.event
+
+    def release(self, thread: object, coming_back: bool) -> float:
+        """Give the GIL up and wake the first sleeper; what waking it costs `thread` (0 if none sleeps).
+
+        coming_back: `thread` will want the GIL again straight after its GIL-free part; it then takes it
+        before the woken one runs, which goes back to sleep, last in line. Otherwise the woken one takes it.
+        """
+        self.holder = None
+        if not self.line:
+            return 0.0
+        first = self.line.popleft()
+        cost = self.wake(self.slept_s(first.thread))
+        self.wakes += 1
+        self.wake_s += cost
+        woken_at = self.env.now + cost
+        if coming_back:  # it ran a moment at woken_at, found the GIL taken and sleeps again
+            core = self.core(first.thread)
+            self._idle_since[core] = max(self._idle_since.get(core, 0.0), woken_at)
+            self.line.append(first)
+        else:
+            self.holder = first.thread
+            self.handoffs += 1
+            timer = self.env.timeout(cost)
+            timer.callbacks.append(lambda _: first.event.succeed())
+        return cost
 
 
 def issue(op: Op, available_at: float, last_issue_at: float, wake: Callable[[Op], None]) -> None:
@@ -79,15 +186,26 @@ class GilThread(HostThread):
     launch_spans: list[tuple[Op | None, float, float]] = field(default_factory=list)
 
     def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
+        gil = self.gil
         self.started_at = env.now
-        for step in self.steps:
+        gil.running(self)
+        steps = self.steps
+        for i, step in enumerate(steps):
             kind = type(step)
             if kind is GilLaunch:
                 op, held_s, released_s = step
                 start = env.now
-                yield from self.gil.hold(self, held_s)
-                if released_s > 0:
-                    yield env.timeout(released_s)
+                handed = gil.take(self)
+                if handed is not None:
+                    yield handed
+                    gil.running(self)
+                if held_s > 0:
+                    gil.held_s += held_s
+                    yield env.timeout(held_s)
+                coming_back = i + 1 < len(steps) and type(steps[i + 1]) is GilLaunch
+                free_s = gil.release(self, coming_back) + released_s
+                if free_s > 0:
+                    yield env.timeout(free_s)
                 self.launch_spans.append((op, start, env.now))
                 if op is not None:
                     issue(op, env.now, env.now, wake)
@@ -101,11 +219,14 @@ class GilThread(HostThread):
                 for op in step.ops:
                     if op._done is not True:
                         self.blocked_on = op
+                        gil.stopped(self)
                         yield op.wait_done()
+                        gil.running(self)
                     if op.end_s > env.now:  # an op settled ahead of the clock
                         yield env.timeout(op.end_s - env.now)
                 self.blocked_on = None
                 self.synced_at.append(env.now)
+        gil.stopped(self)
         self.finished_at = env.now
 
     def spans(self) -> list[tuple[Op, float, float]]:

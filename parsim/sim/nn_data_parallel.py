@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, GilCosts, Profile
-from parsim.sim.gil import Gil, GilLaunch, GilThread, gil_thread
+from parsim.sim.gil import Gil, GilLaunch, GilThread, gil_thread, wake_cost
 from parsim.sim.machine import Launch, Machine, Op, Sync
 from parsim.workload import StageCost
 
@@ -30,8 +30,9 @@ class Replica:
 def need_gil(profile: Profile, replicate: bool = False) -> GilCosts:
     """The profile's GIL costs, or one line naming the calibration that measures them."""
     gil = profile.gil
-    if gil is None or (replicate and gil.replicate_module_s is None):
-        what = "gil.replicate_module_s (needs a GPU)" if gil is not None else "gil section"
+    if gil is None or not gil.wake or (replicate and gil.replicate_module_s is None):
+        what = ("gil section" if gil is None else "gil.wake (wake-up costs; its gil section predates them)"
+                if not gil.wake else "gil.replicate_module_s (needs a GPU)")
         raise ProfileError(f"this profile has no {what}, which the data-parallel scenario needs: "
                            "run `python -m hw calibrate --interfaces --out FILE` and pass --profile FILE")
     return gil
@@ -48,7 +49,7 @@ class _Python:
     """Splits a stretch of host time into the part that holds the GIL and the part that does not, as a launch does."""
 
     def __init__(self, gil: GilCosts):
-        self.held_share = gil.held_s / gil.launch_s
+        self.held_share = gil.held_share
 
     def __call__(self, op: Op | None, host_s: float) -> GilLaunch:
         return GilLaunch(op, host_s * self.held_share, host_s * (1 - self.held_share))
@@ -64,7 +65,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     costs = need_gil(profile, replicate=gpus > 1)
     launch_s = costs.launch_s
     m = Machine()
-    gil = Gil(m.env, costs.handoff_s)
+    gil = Gil(m.env, wake_cost(costs.wake), costs.cores)
     python = _Python(costs)
     main = gil_thread(m, "main", gil)
     coll = need_collective(profile) if gpus > 1 else None
