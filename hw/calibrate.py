@@ -267,15 +267,19 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
 
 
 def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[str, LayerCosts]:
-    """Every layer's GPU cost times its family's in-step slowdown."""
+    """Every layer's GPU cost times its family's in-step slowdown, where it is applied (not a check only)."""
     def op(cost: OpCost, f: float) -> OpCost:
         return dataclasses.replace(cost, fixed_s=cost.fixed_s * f, flops_per_s=cost.flops_per_s / f)
 
     out = {}
     for key, c in costs.items():
-        f = slowdowns[_family(key)]["factor"]
+        slow = slowdowns[_family(key)]
+        f = slow["factor"] if slow.get("applied", True) else 1.0
         out[key] = LayerCosts(op(c.forward, f), op(c.backward_input, f), op(c.backward_weight, f))
     return out
+
+
+STAGED = {"mlp"}  # families whose costs follow hw's runner's own stages (hw.stage_probe): their slowdown is a check
 
 
 def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tuple[LayerCosts, dict[str, Fit]]:
@@ -493,7 +497,9 @@ def main(args: argparse.Namespace) -> int:
     save_profile(profile, out)
     _report(fits, out, samples_path)
     for family, slow in samples["in_step_slowdown"].items():
-        print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} applied to their costs")
+        print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} "
+              + ("applied to their costs" if slow.get("applied", True)
+                 else "(a check: their costs follow hw's runner's stages)"))
     for name, costs in profile.runtimes.items():
         if name in samples["runtimes"]:
             print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
@@ -555,6 +561,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
               transformers: list[Model] | None = None, runtimes: list[str] | tuple[str, ...] = (),
               ) -> tuple[Profile, dict, dict[str, Fit]]:
     from hw import host_steps
+    from hw.stage_probe import stage_corrections, stage_samples
 
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
@@ -562,7 +569,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     hidden = [64, 128] if cpu else hidden
     shapes = conv_layers(cpu) if conv else []
     images = [2, 8, 32] if cpu else [4, 16, 64, 256]  # 256 images in 1-64 micro-batches: 4-256 per micro-batch
-    steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 3 + (len(CONV_KINDS) if conv else 0)
+    steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 4 + (len(CONV_KINDS) if conv else 0)
     if transformers:
         from hw import calibrate_transformer
 
@@ -583,6 +590,9 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
             progress.update()
         layers, layer_fits = fitted_costs(layer_rows, hosts)
+        stage_rows = stage_samples(device, dtype, hidden, graphed="graphs" in runtimes, steps=3 if cpu else 8)
+        layers = stage_corrections(layers, stage_rows)
+        progress.update()
         if transformers:
             more, more_fits, transformer_samples = calibrate_transformer.calibrate_transformer(
                 transformers, device, dtype, cpu, progress)
@@ -590,6 +600,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         load = in_step_slowdowns(layers, base, device, dtype,
                                  {"transformer": calibrate_transformer.in_step_model(transformers)} if transformers
                                  else None)
+        for family in STAGED & load.keys():
+            load[family]["applied"] = False
         layers = stretched(layers, load)
         fits |= layer_fits
         autograd_add, add_rows = autograd_accumulate(device, dtype, hidden, cpu)
@@ -602,7 +614,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
     collectives = {k: dataclasses.replace(v, measured=False) for k, v in base.collectives.items()}
-    samples = {"layers": layer_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"), "copies": copy_rows,
+    samples = {"layers": layer_rows, "stages": stage_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"),
+               "copies": copy_rows,
                "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level),
                "autograd_accumulate": add_rows["rows"]}
     if conv:
@@ -628,7 +641,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         from hw.graphcosts import calibrate_graphs
 
         graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, spans,
-                                                                 p2p_carried=count < 2)
+                                                                 p2p_carried=count < 2, rows=stage_rows)
         profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     profile = with_op_costs(profile, op_costs)
     return dataclasses.replace(profile, kernels={**profile.kernels, AUTOGRAD_ACCUMULATE: autograd_add}), samples, fits

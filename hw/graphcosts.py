@@ -25,22 +25,18 @@ import numpy as np
 import torch
 from scipy.optimize import least_squares
 
-from hw.calibrate import SUSTAINED_S, fit_affine, host_stage
-from hw.executor import local_runner
+from hw.calibrate import fit_affine, host_stage
 from hw.graphs import graph_maker, local_graph_runner
-from hw.workers import release_unused
 from hw.models import MlpBlock
-from hw.measure import ActionTimer, HostSpans
+from hw.measure import HostSpans
 from hw.opcosts import gpu_time_s, sync
+from hw.stage_probe import LEAD_CYCLES, _clear, stage_layers
 from hw.workers import host_pinned
 from parsim.profile import Profile, RuntimeCosts
 from parsim.schedules import Op, gpipe
 from parsim.workload import Layer, mlp_model, part_costs
 
 HOST_DEPTHS = (1, 2, 4, 8)
-GPU_LAYERS, GPU_TOKENS = 8, (128, 256, 512, 1024, 2048, 4096, 8192)
-CPU_LAYERS, CPU_TOKENS = 2, (16, 64)
-LEAD_CYCLES = 20_000_000  # ~10 ms: longer than hw's eager runner takes to queue 8 layers' backward at any size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +47,6 @@ class ScaleFit:
     flops_scale: float
     r2: float
     max_rel_residual: float
-
-
-def _clear(runner) -> None:
-    for module in runner.stages.values():
-        for p in module.parameters():
-            p.grad = None
 
 
 def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 16, rounds: int = 5) -> list[dict]:
@@ -92,86 +82,6 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
              "whole_step_s": statistics.median(wholes)} for k, _, spans, outside, wholes in probes]
 
 
-def gpu_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], tokens: tuple[int, ...],
-                layers: int, steps: int = 8) -> list[dict]:
-    """Per stage size: the GPU time of its forward and backward under hw's eager runner and graphed, and of the
-    whole step under one graph per step. First in turns, a step each per round, the GPU fed ahead by a spin
-    kernel; then each runner whose step keeps the GPU busier than its host again, back to back after
-    SUSTAINED_S of steps, at the clock the GPU holds under that load (as calibrate's layer probes are timed)."""
-    rows = []
-    for h in hidden:
-        for n in tokens:
-            model, schedule = mlp_model(layers, h, n), gpipe(1, 1)
-            runners = {"eager": local_runner(model, schedule, device, dtype),
-                       "graphs": local_graph_runner(model, schedule, device, dtype),
-                       "graphs-step": local_graph_runner(model, schedule, device, dtype, whole_step=True)}
-            timers = {name: _Spans(device) for name in runners}
-            for step in range(3 + steps):
-                for name, (runner, io) in runners.items():
-                    if device.type == "cuda":
-                        torch.cuda._sleep(LEAD_CYCLES)  # the host queues the whole step before the GPU reaches it
-                    timers[name].step(runner, io, timed=step >= 3)
-            sync(device)
-            sustained = [name for name, (runner, io) in runners.items() if device.type == "cuda"
-                         and timers[name].step_s() > _host_step_s(runner, io, device)]
-            for name in sustained:
-                runner, io = runners[name]
-                for _ in range(int(np.ceil(SUSTAINED_S / timers[name].step_s()))):
-                    timers[name].step(runner, io, timed=False)
-                timers[name] = _Spans(device)
-                for _ in range(steps):
-                    timers[name].step(runner, io, timed=True)
-            sync(device)
-            row = {"hidden": h, "tokens": n, "layers": layers, "sustained": sustained,
-                   "graphs-step_s": timers["graphs-step"].step_s()}
-            for name in ("eager", "graphs"):
-                row[f"{name}_forward_s"], row[f"{name}_backward_s"] = timers[name].actions_s()
-            rows.append(row)
-            del runners, timers
-            release_unused(device)  # each size's graphs and pools go before the next is captured
-    return rows
-
-
-class _Spans:
-    """A runner's steps timed on the GPU: per action (hw's runners) and whole (one graph per step)."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.actions, self.whole = device, ActionTimer(device), []
-
-    def step(self, runner, io, timed: bool) -> None:
-        _clear(runner)
-        if not timed:
-            runner.step(io)
-        elif getattr(runner, "whole_step", False):
-            start = _mark(self.device)
-            runner.step(io)
-            self.whole.append((start, _mark(self.device)))
-        else:
-            runner.step(io, self.actions)
-
-    def actions_s(self) -> tuple[float, float]:
-        """Median forward and backward GPU time."""
-        per_op = self.actions.seconds()
-        return statistics.median(per_op[0, Op.FORWARD]), statistics.median(per_op[0, Op.BACKWARD])
-
-    def step_s(self) -> float:
-        """Median GPU time of a step: its actions', or the whole graph's."""
-        if self.actions.spans:
-            return sum(self.actions_s())
-        return statistics.median(_elapsed(a, b) for a, b in self.whole)
-
-
-def _host_step_s(runner, io, device: torch.device) -> float:
-    """The host's time to issue one step (the GPU may still be running it)."""
-    sync(device)
-    _clear(runner)
-    t0 = time.perf_counter()
-    runner.step(io)
-    host_s = time.perf_counter() - t0
-    sync(device)
-    return host_s
-
-
 def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], layers: int,
                        graphed: bool = True) -> list[dict]:
     """GPU time of one gradient add over a stage of `layers` MLP blocks of each width: as the graphed runner
@@ -198,18 +108,6 @@ def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[in
                      "seconds": gpu_time_s(add, device, batch=4, repeat=5, lead_cycles=LEAD_CYCLES)})
         del accs, grads, add
     return rows
-
-
-def _mark(device: torch.device):
-    if device.type != "cuda":
-        return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def _elapsed(start, end) -> float:
-    return start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
 
 
 def profile_parts(row: dict, profile: Profile) -> dict[str, tuple[float, float]]:
@@ -307,15 +205,14 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
 
 
 def calibrate_graphs(device: torch.device, dtype: torch.dtype, profile: Profile, hidden: list[int],
-                     eager_host: dict[str, float], p2p_carried: bool) -> tuple[dict[str, RuntimeCosts], dict, dict]:
-    """Measure both graphs runtimes on this GPU against `profile` (this calibration's layers and hosts):
-    their RuntimeCosts, the raw samples with every fit, and the host fits (calibrate's Fit) to report."""
-    cpu = device.type != "cuda"
+                     eager_host: dict[str, float], p2p_carried: bool, rows: list[dict],
+                     ) -> tuple[dict[str, RuntimeCosts], dict, dict]:
+    """Measure both graphs runtimes on this GPU against `profile` (this calibration's layers and hosts), their
+    stages timed in `rows` (hw.stage_probe, graphed): their RuntimeCosts, the raw samples with every fit, and the
+    host fits (calibrate's Fit) to report."""
     host_rows = host_samples(device, dtype)
-    rows = gpu_samples(device, dtype, hidden, CPU_TOKENS if cpu else GPU_TOKENS, CPU_LAYERS if cpu else GPU_LAYERS,
-                       steps=3 if cpu else 8)
     scales = gpu_fits(rows, profile)
-    add_rows = accumulate_samples(device, dtype, hidden, CPU_LAYERS if cpu else GPU_LAYERS)
+    add_rows = accumulate_samples(device, dtype, hidden, stage_layers(device))
     runtimes, host_fits, add_fit = runtime_costs(host_rows, scales, add_rows,
                                                  eager_host["forward_s"] + eager_host["backward_s"], profile.host.p2p_s,
                                                  p2p_carried, gpu_ratios(rows, profile))

@@ -23,7 +23,7 @@ from pathlib import Path
 from parsim.errors import ParsimError
 from parsim.runtimes import get_runtime
 from parsim.files import write_png
-from parsim.workload import Model, model_from_spec, model_label
+from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
 
@@ -148,19 +148,26 @@ def _predict(p: Point, profile):
     from parsim.sim.predict import predict
 
     runtime = get_runtime(p.runtime)
-    return predict(runtime.build(p.schedule, p.gpus // p.data_parallel, p.microbatches),
-                   p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
+    return predict(_schedule(p), p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
+
+
+def _schedule(p: Point):
+    return get_runtime(p.runtime).build(p.schedule, p.gpus // p.data_parallel, p.microbatches)
 
 
 def repredict(points: list[Point], profile, runtime: str | None = None) -> list[Point]:
     """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration), each
-    as run by `runtime` where given, else by its own."""
+    as run by `runtime` where given, else by its own; the peak memory predicted where the CSV has none (what
+    `hw validate` predicts: weights, the step's gradients, activations and working memory)."""
     out = []
     for p in points:
         if runtime is not None:
             p = replace(p, runtime=runtime)
         predicted = _predict(p, profile)
-        out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s))
+        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), _schedule(p), microbatch_tokens(
+            p.workload(), p.microbatches, p.data_parallel), "none"))
+        out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
+                           predicted_peak_bytes=peak))
     return out
 
 
@@ -240,7 +247,8 @@ def host_speed_lines(points: list[Point]) -> list[str]:
 
 def ranking_lines(points: list[Point]) -> list[str]:
     """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
-    fastest and the one predicted fastest ("what should I run?" asked of the measured grid)."""
+    fastest and the one predicted fastest ("what should I run?" asked of the measured grid; of schedules predicted
+    equally fast to the nanosecond, the one predicted to need less memory, as plan ranks them)."""
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         if not p.excluded:
@@ -251,7 +259,7 @@ def ranking_lines(points: list[Point]) -> list[str]:
         if len({p.schedule for p in ps}) < 2:
             continue
         measured = min(ps, key=lambda p: p.measured_s)
-        predicted = min(ps, key=lambda p: p.predicted_s)
+        predicted = min(ps, key=lambda p: (round(p.predicted_s, 9), p.predicted_peak_bytes))  # a tie: less memory
         right += predicted is measured
         miss = "" if predicted is measured else f", which measured {predicted.measured_s / measured.measured_s - 1:+.1%}"
         lines.append(f"  {model}, {gpus} GPU(s), m={m}, {runtime}: measured fastest {measured.schedule} "

@@ -199,6 +199,12 @@ def _evaluate_in_worker(shape: Shape) -> Candidate | None:
     return evaluate(shape, *_CONTEXT)
 
 
+def rank_key(step_s: float, memory_bytes: int, index: int) -> tuple[float, int, int]:
+    """How plan orders what fits: fastest first; of equally fast ones (to the nanosecond: a host-bound GPipe and
+    1F1B issue the same host program), the one needing less memory; then as configurations are enumerated."""
+    return round(step_s, 9), memory_bytes, index
+
+
 def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
            schedules: list[str] | None = None, partition: str = "equal", runtimes: list[Runtime] | None = None,
            top: int | None = None, jobs: int = 1, progress: bool = False, max_microbatches: int = 256,
@@ -238,7 +244,7 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
             if top is not None and len(best) == top:  # the bar counts to what may still win, not to everything
                 bar.total = bisect.bisect_right(floors, -best[0])
             bar.update()
-    fits.sort(key=lambda f: f[:2])
+    fits.sort(key=lambda f: rank_key(f[0], f[2].memory_bytes, f[1]))
     ranked = [c for _, _, c in fits][:top]
     return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
                   time.perf_counter() - start, jobs)

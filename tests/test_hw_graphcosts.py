@@ -12,8 +12,9 @@ from conftest import make_profile
 
 torch = pytest.importorskip("torch")
 
-from hw.graphcosts import (accumulate_samples, fit_scales, gpu_fits, gpu_samples, host_samples,  # noqa: E402
+from hw.graphcosts import (accumulate_samples, fit_scales, gpu_fits, gpu_ratios, host_samples,  # noqa: E402
                            profile_parts, runtime_costs)
+from hw.stage_probe import stage_samples  # noqa: E402
 from parsim.profile import from_json  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -84,12 +85,14 @@ def test_profile_parts_split_a_stages_gpu_time_into_fixed_and_matmul():
 
 def test_the_probes_run_end_to_end_on_the_cpu_and_make_loadable_costs():
     host = host_samples(CPU, torch.float32, microbatches=2, rounds=2)
-    gpu = gpu_samples(CPU, torch.float32, [16], (8, 32), layers=1, steps=1)
+    gpu = stage_samples(CPU, torch.float32, [16], graphed=True, steps=1)
     assert [r["layers"] for r in host] == [1, 2, 4, 8]
     assert all(r[k] > 0 for r in gpu for k in ("eager_forward_s", "graphs_backward_s", "graphs-step_s"))
     adds = accumulate_samples(CPU, torch.float32, [16, 32], layers=1)
     assert [r["bytes"] for r in adds] == [3 * 4 * (8 * h * h + 7 * h) for h in (16, 32)]
-    costs, _, _ = runtime_costs(host, gpu_fits(gpu, make_profile()), adds, 1e-4, p2p_s=1e-5, p2p_carried=False)
+    costs, _, _ = runtime_costs(host, gpu_fits(gpu, make_profile()), adds, 1e-4, p2p_s=1e-5, p2p_carried=False,
+                                ratios=gpu_ratios(gpu, make_profile()))
+    assert set(costs["graphs"].gpu_ratios) == {"mlp@16"}
     profile = dataclasses.replace(make_profile(bandwidth_Bps=1e10), runtimes=costs)
     assert from_json(profile.to_json()).runtimes == costs
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from parsim.errors import ScheduleError
 from parsim.plan import (OPTIMIZER_BYTES_PER_PARAM, candidates, costed_runtimes, evaluate, params_per_gpu, plan,
-                         search, shapes)
+                         rank_key, search, shapes)
 from parsim.profile import CollectiveSpec, LinkSpec, RuntimeCosts
 from parsim.runtimes import RUNTIMES
 from parsim.runtimes.torch_pipelining import TORCH
@@ -128,7 +128,8 @@ def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(sp
     memory = sorted(c.memory_bytes for _, c in ran)
     limit = memory[int(limit_at * len(memory))] if limit_at is not None and memory else None
     exhaustive = sorted(((c.prediction.step_time_s, s.index, c) for s, c in ran
-                         if limit is None or c.memory_bytes <= limit), key=lambda x: x[:2])[:top]
+                         if limit is None or c.memory_bytes <= limit),
+                        key=lambda x: rank_key(x[0], x[2].memory_bytes, x[1]))[:top]
     found = search(model, gpus, profile, limit, top=top, max_microbatches=16, partition=partition, optimizer=optimizer)
     assert [(c.runtime, c.label, c.prediction.step_time_s) for c in found.fits] == \
         [(c.runtime, c.label, step) for step, _, c in exhaustive]
