@@ -130,7 +130,11 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
         made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None
-        out.append(_time_turn(rank, device, jobs, made, team) if rank < ranks else [None] * len(jobs))
+        if rank >= ranks:
+            out.append([None] * len(jobs))
+        else:
+            with _step_bar(jobs, rank == 0 and len(turns) < 3) as bar:  # few turns (hw measure): count their steps
+                out.append(_time_turn(rank, device, jobs, made, team, bar.update))
         release_unused(device)  # the turn's runners, before the next turn's are built
         if world > 1:
             dist.barrier()
@@ -161,7 +165,16 @@ class _Stepper:
         self.runner.step(self.io, observe)
 
 
-def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) -> list[dict]:
+def _step_bar(jobs: Turn, show: bool) -> tqdm:
+    """A progress line on stderr (where it is a terminal) counting the steps of a turn's jobs on this rank."""
+    total = sum(steps_per_job(j.config.steps, j.config.warmup, j.config.trace) for j in jobs)
+    name = " + ".join("the one-device baseline" if j.schedule.num_ranks == 1 else j.schedule.name for j in jobs)
+    return tqdm(total=total, desc=f"measuring {name}", unit="step", file=sys.stderr, delay=1.0, leave=False,
+                disable=None if show else True)
+
+
+def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
+               stepped: Callable[[], object] = lambda: None) -> list[dict]:
     """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
     host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
@@ -184,6 +197,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     for stepper in steppers:
         for _ in range(stepper.job.config.warmup):
             stepper()
+            stepped()
     times: list[list[float]] = [[] for _ in steppers]
     peaks = [0] * len(steppers)
     observe = _killer(rank)
@@ -200,6 +214,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
                 settle()
                 times[k].append(time.perf_counter() - t0)
             peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+            stepped()
     out = []
     for k, stepper in enumerate(steppers):
         timer = ActionTimer(device)
@@ -209,9 +224,11 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
             stepper(timer)
             settle()
         peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+        stepped()
         config = stepper.job.config
         if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
             _profile_one_step(stepper, device, trace_path(config.trace, rank))
+            stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
         out.append({"times": times[k], "per_op": per_op,
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
@@ -288,6 +305,11 @@ def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float) 
     jobs = sum(len(t) for t in turns)
     per_rank = spawn(jobs_worker, world, (turns,), device, timeout_s, deadline_s=timeout_s * (4 + jobs))
     return [[[per_rank[r][t][j] for r in range(world)] for j in range(len(turn))] for t, turn in enumerate(turns)]
+
+
+def steps_per_job(steps: int, warmup: int, trace: str | None = None) -> int:
+    """Steps a job runs on each of its ranks: warm-up, timed, one with per-action timers, one profiled (--trace)."""
+    return warmup + steps + 1 + (trace is not None)
 
 
 def baseline_job(model: Model, config: Config) -> Job:

@@ -19,10 +19,12 @@ from pathlib import Path
 from hw.calibrate import RUNTIME_COSTS
 from hw.measure import Config, Job, baseline_job, measure_turns, report
 from hw.runners import RUNNERS, check_runs
+from hw.teardown import child_env
 from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
+from parsim.interrupts import Stopped, note
 from parsim.hostprobe import probe as host_probe
 from parsim.sim.predict import predict
 from parsim.profile import load_profile
@@ -87,7 +89,11 @@ def _profile(args: argparse.Namespace, out: Path, conv: bool = False, transforme
                + (["--cpu"] if args.cpu else []) + (["--conv"] if conv else [])
                + (["--transformer", ",".join(transformers)] if transformers else [])
                + (["--runtimes", ",".join(others)] if others else []))
-        done = subprocess.run(cmd, text=True, stdout=sys.stderr)
+        try:  # the calibration dies with this process (hw.teardown), and is stopped when this one is interrupted
+            done = subprocess.run(cmd, text=True, stdout=sys.stderr, env=child_env())
+        except (KeyboardInterrupt, Stopped) as e:
+            note(e, "stopped its calibration (`hw calibrate`)")
+            raise
         if done.returncode:
             raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
         profile, path = load_profile(path), str(path)

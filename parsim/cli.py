@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from parsim.errors import ParsimError
+from parsim.interrupts import Stopped, describe, stopping
 from parsim.sim.machine import gc_paused
 from parsim.sim.predict import Prediction, Simulation, predict
 from parsim.profile import Profile, load_profile
@@ -384,15 +385,20 @@ COMMANDS = {"predict": cmd_predict, "sweep": cmd_sweep, "plan": cmd_plan, "scena
 
 
 def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback."""
+    """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback; Ctrl-C,
+    SIGTERM and SIGHUP one line saying so (and what they stopped) and 128 + the signal's number."""
     try:
-        return command(args)
+        with stopping():  # SIGTERM and SIGHUP unwind as Ctrl-C does
+            return command(args)
     except ParsimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(describe(e, "interrupted"), file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(describe(e, str(e)), file=sys.stderr)
+        return e.status
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         return 141

@@ -27,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, replace
 
 from parsim.errors import ParsimError, ProfileError, ScheduleError
+from parsim.interrupts import default_signals
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
@@ -169,9 +170,10 @@ _CONTEXT: tuple[Model, Profile, float | None, str] | None = None  # a worker's: 
 
 
 def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None, optimizer: str) -> None:
-    """A worker process: Ctrl-C is the parent's to handle (it stops the workers)."""
+    """A worker process: Ctrl-C is the parent's to handle (it stops the workers); SIGTERM ends it at once."""
     global _CONTEXT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    default_signals()  # forked with the parent's handler, which would unwind the worker instead of ending it
     _CONTEXT = model, profile, memory_limit_bytes, optimizer
 
 
