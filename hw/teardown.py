@@ -2,9 +2,10 @@
 
 On Linux each child asks the kernel for a parent-death signal (prctl PR_SET_PDEATHSIG: SIGKILL once its parent is
 gone, which nothing can miss or catch), then checks that its parent is still the one that started it: a parent
-that died before the prctl has left it to init already. Elsewhere a thread polls for the same. Torch-free, so a
-child sets it up before it imports anything heavy. Under torchrun nothing here is used: torchrun's agent ends its
-workers itself (it signals their process group, SIGTERM then SIGKILL, on failure, restart and its own end).
+that died before the prctl has left it to init already. Elsewhere a thread polls for the same. Torch-free, so that
+`hw`'s entry point sets it up before it imports torch; a spawned rank does as its first line, once the imports
+its arguments need are done. Under torchrun nothing here is used: torchrun's agent ends its workers itself (it
+signals their process group, SIGTERM then SIGKILL, on failure, restart and its own end).
 """
 
 from __future__ import annotations
