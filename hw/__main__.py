@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from hw.teardown import adopt_parent
 from parsim.cli import OneLineErrors, run_command
 
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
@@ -31,6 +32,7 @@ def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]
 
 
 def main(argv: list[str] | None = None) -> int:
+    adopt_parent()  # started by another hw command (hw validate's calibration): die with it
     argv = sys.argv[1:] if argv is None else argv
     parser, module = _parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)

@@ -19,7 +19,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from hw.models import build_layers
+from hw.teardown import die_with_parent
 from parsim.errors import ParsimError
+from parsim.interrupts import default_signals, note
 from parsim.profile import CpuCosts
 from parsim.workload import model_from_spec
 
@@ -33,8 +35,11 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
     ctx = mp.get_context("fork")
     ready = ctx.Barrier(processes + 1)
     results = ctx.Queue()
+    parent = os.getpid()
 
     def worker(rank: int) -> None:
+        die_with_parent(parent)
+        default_signals()  # the parent's SIGTERM handler came along with the fork
         torch.set_num_threads(1)
         try:
             job = make_job(rank)
@@ -64,6 +69,13 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
         codes = [p.exitcode for p in procs]
         raise ParsimError(f"a worker of {processes} did not finish ({'; '.join(said) or type(e).__name__}; "
                           f"exit codes {codes})") from None
+    except BaseException as e:  # Ctrl-C, SIGTERM or SIGHUP (parsim.interrupts): stop the workers now
+        running = [p for p in procs if p.is_alive()]
+        for p in running:
+            p.kill()
+        if running:
+            note(e, f"stopped {len(running)} worker process(es) (pids {', '.join(str(p.pid) for p in running)})")
+        raise
     finally:
         for p in procs:
             p.join(timeout=5)

@@ -32,12 +32,15 @@ from tqdm import tqdm
 from hw.executor import Groups, replica_batch
 from hw.runners import check_runs, job_groups, pins_host, runner_factory
 from hw.workers import host_pinned, kill_point, local_rank, release_unused, require_gpus, spawn
+from parsim.budget import check_cpu_run
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe, schedule_name
 from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, split_model
 from parsim.profile import load_profile
 from parsim.runtimes import get_runtime
+from parsim.sim.check import validate
+from parsim.sim.predict import check_sizes
 from parsim.workload import Model, microbatch_tokens, stage_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -131,7 +134,11 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
         made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None
-        out.append(_time_turn(rank, device, jobs, made, team) if rank < ranks else [None] * len(jobs))
+        if rank >= ranks:
+            out.append([None] * len(jobs))
+        else:
+            with _step_bar(jobs, rank == 0 and len(turns) < 3) as bar:  # few turns (hw measure): count their steps
+                out.append(_time_turn(rank, device, jobs, made, team, bar.update))
         release_unused(device)  # the turn's runners, before the next turn's are built
         if world > 1:
             dist.barrier()
@@ -162,7 +169,16 @@ class _Stepper:
         self.runner.step(self.io, observe)
 
 
-def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) -> list[dict]:
+def _step_bar(jobs: Turn, show: bool) -> tqdm:
+    """A progress line on stderr (where it is a terminal) counting the steps of a turn's jobs on this rank."""
+    total = sum(steps_per_job(j.config.steps, j.config.warmup, j.config.trace) for j in jobs)
+    name = " + ".join("the one-device baseline" if j.schedule.num_ranks == 1 else j.schedule.name for j in jobs)
+    return tqdm(total=total, desc=f"measuring {name}", unit="step", file=sys.stderr, delay=1.0, leave=False,
+                disable=None if show else True)
+
+
+def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
+               stepped: Callable[[], object] = lambda: None) -> list[dict]:
     """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
     host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
@@ -191,6 +207,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
     for stepper in steppers:
         for _ in range(stepper.job.config.warmup):
             stepper()
+            stepped()
     times: list[list[float]] = [[] for _ in steppers]
     peaks = [0] * len(steppers)
     observe = _killer(rank)
@@ -211,6 +228,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
                 settle()
                 times[k].append(time.perf_counter() - t0)
             peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+            stepped()
     out = []
     for k, stepper in enumerate(steppers):
         timer = ActionTimer(device)
@@ -220,9 +238,11 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team) ->
             stepper(timer)
             settle()
         peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+        stepped()
         config = stepper.job.config
         if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
             _profile_one_step(stepper, device, trace_path(config.trace, rank))
+            stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
         out.append({"times": times[k], "per_op": per_op,
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
@@ -313,8 +333,18 @@ def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float) 
     if any(len({job.ranks for job in jobs}) != 1 for jobs in turns):
         raise ValueError("the jobs of a turn run on the same ranks")
     jobs = sum(len(t) for t in turns)
-    per_rank = spawn(jobs_worker, world, (turns,), device, timeout_s, deadline_s=timeout_s * (4 + jobs))
+    per_rank = spawn(jobs_worker, world, (turns,), device, timeout_s, deadline_s=deadline_s(timeout_s, jobs))
     return [[[per_rank[r][t][j] for r in range(world)] for j in range(len(turn))] for t, turn in enumerate(turns)]
+
+
+def deadline_s(timeout_s: float, jobs: int) -> float:
+    """How long a run of `jobs` jobs may take in all: start-up and each job, each up to a --timeout."""
+    return timeout_s * (4 + jobs)
+
+
+def steps_per_job(steps: int, warmup: int, trace: str | None = None) -> int:
+    """Steps a job runs on each of its ranks: warm-up, timed, one with per-action timers, one profiled (--trace)."""
+    return warmup + steps + 1 + (trace is not None)
 
 
 def baseline_job(model: Model, config: Config) -> Job:
@@ -408,14 +438,20 @@ def main(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
+    pp = args.gpus // args.data_parallel
+    check_sizes(model, args.schedule, pp, args.microbatches, args.virtual_stages, args.data_parallel)  # before building
     runtime = get_runtime(args.runtime)
-    schedule = runtime.build(args.schedule, args.gpus // args.data_parallel, args.microbatches, args.virtual_stages)
-    if schedule.num_stages > len(model.layers):
+    schedule = runtime.build(args.schedule, pp, args.microbatches, args.virtual_stages)
+    if schedule.num_stages > len(model.layers):  # a schedule read from torch: its stages are known only now
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
     microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
+    validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
     profile = runtime.costs(load_profile(args.profile)) if args.partition == "time" else None
     model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
+    if args.cpu:  # refused at once where even a CPU at its peak could not finish in time
+        check_cpu_run(model, dtype, steps_per_job(args.steps, args.warmup, args.trace), 2, args.timeout,
+                      deadline_s(args.timeout, 2), args.gpus > 1)
     report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
                  "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
     print(json.dumps(report, indent=2) if args.json else _text(report))

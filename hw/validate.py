@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 
 from hw.calibrate import RUNTIME_COSTS
-from hw.measure import Config, Job, baseline_job, measure_turns, report
+from hw.measure import Config, Job, baseline_job, deadline_s, measure_turns, report, steps_per_job
 from hw.runners import RUNNERS, check_runs
+from hw.teardown import child_env
 from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
+from parsim.budget import check_cpu_run
 from parsim.errors import ParsimError
 from parsim.files import write_atomic
+from parsim.interrupts import Stopped, note
 from parsim.hostprobe import probe as host_probe
 from parsim.sim.predict import predict
 from parsim.profile import load_profile
@@ -87,7 +90,11 @@ def _profile(args: argparse.Namespace, out: Path, conv: bool = False, transforme
                + (["--cpu"] if args.cpu else []) + (["--conv"] if conv else [])
                + (["--transformer", ",".join(transformers)] if transformers else [])
                + (["--runtimes", ",".join(others)] if others else []))
-        done = subprocess.run(cmd, text=True, stdout=sys.stderr)
+        try:  # the calibration dies with this process (hw.teardown), and is stopped when this one is interrupted
+            done = subprocess.run(cmd, text=True, stdout=sys.stderr, env=child_env())
+        except (KeyboardInterrupt, Stopped) as e:
+            note(e, "stopped its calibration (`hw calibrate`)")
+            raise
         if done.returncode:
             raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
         profile, path = load_profile(path), str(path)
@@ -152,6 +159,20 @@ def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
+def _check_cpu_grid(model: Model, turns: list, args: argparse.Namespace) -> None:
+    """Refuse a model's grid on the CPU that cannot finish in time (parsim.budget.check_cpu_run): its points, the
+    host probe beside each and the one-device baseline, in one process group."""
+    if not turns:
+        return
+    heavy = sum(map(len, turns)) + 1  # the points and the baseline (the host probes are tiny)
+    deadline = deadline_s(args.timeout, heavy + len(turns))  # as measure_turns counts: a probe in every turn
+    try:
+        check_cpu_run(model, "fp32", steps_per_job(args.steps, args.warmup), heavy, args.timeout, deadline,
+                      max(turn[0].ranks for turn in turns) > 1, "smaller --models")
+    except ParsimError as e:
+        raise ParsimError(f"{model_spec(model)}: {e}") from None
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
@@ -177,11 +198,6 @@ def main(args: argparse.Namespace) -> int:
     runtimes = _runtimes(args.runtimes)
     if not args.cpu:
         require_gpus(max(gpus))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    transformers = [model_spec(m) for m in models if m.transformer is not None]
-    profile, profile_path = _profile(args, out, any(m.layers[0].kind in ("conv", "down") for m in models),
-                                     transformers, runtimes)
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
@@ -192,6 +208,14 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
                           "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
                           "divisible by GPUs)")
+    if args.cpu:  # refused at once, before calibrating, where even a CPU at its peak could not finish in time
+        for model, turns in grid:
+            _check_cpu_grid(model, turns, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformers = [model_spec(m) for m in models if m.transformer is not None]
+    profile, profile_path = _profile(args, out, any(m.layers[0].kind in ("conv", "down") for m in models),
+                                     transformers, runtimes)
     csv_path, rows = out / "results.csv", []
     for model, turns in grid:  # one process group per model; the CSV grows after each
         if not turns:

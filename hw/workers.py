@@ -1,8 +1,10 @@
 """Starts one process per rank on this machine and brings back their results, or one clear error.
 
 Every wait is bounded: the process group's timeout bounds each collective and message, and the
-parent's deadline bounds the whole run; when one rank fails, the others are stopped at once.
-Under torchrun (RANK set) `hw` runs as that rank instead, so the same code runs across hosts.
+parent's deadline bounds the whole run; when one rank fails, the others are stopped at once. Every rank dies
+with the parent, whatever ends it (hw.teardown); SIGTERM or SIGHUP to the parent stops the ranks and names them.
+Under torchrun (RANK set) `hw` runs as that rank instead, so the same code runs across hosts, and torchrun's
+agent ends it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -23,7 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hw.teardown import die_with_parent
 from parsim.errors import ParsimError
+from parsim.interrupts import default_signals, note
 
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                  # hw gives each directed channel its own group, so in-group ordering is intended: no warning
@@ -121,7 +126,9 @@ def kill_point() -> tuple[int, int] | None:
     return int(rank), int(n)
 
 
-def _entry(rank: int, world: int, device: str, timeout_s: float, fn: Callable, args: tuple, results: Any) -> None:
+def _entry(parent_pid: int, rank: int, world: int, device: str, timeout_s: float, fn: Callable, args: tuple,
+           results: Any) -> None:
+    die_with_parent(parent_pid)  # first: a rank must not outlive the run that started it
     try:
         dev = init_rank(rank, world, device, timeout_s)
         out = fn(rank, world, dev, *args)
@@ -147,6 +154,28 @@ def _death(procs: list, outputs: dict, killed_only: bool = False) -> str | None:
             continue
         return f"rank {r} was killed by signal {-code}" if code < 0 else f"rank {r} exited with status {code}"
     return None
+
+
+def stop_ranks(procs: list, grace_s: float = 2.0) -> list[int]:
+    """Stop every rank still running (SIGTERM, then SIGKILL after grace_s) and reap them all; the ranks it stopped."""
+    started = [p for p in procs if p.pid is not None]
+    running = [r for r, p in enumerate(procs) if p.pid is not None and p.is_alive()]
+    for r in running:
+        procs[r].terminate()
+    end = time.monotonic() + grace_s
+    for p in started:
+        p.join(timeout=max(end - time.monotonic(), 0.0))
+    for p in started:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    return running
+
+
+def _clear_line() -> None:
+    """Blank the terminal line a stopped rank's progress line was left on, so the report starts a clean line."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * (os.get_terminal_size(sys.stderr.fileno()).columns - 1) + "\r")
 
 
 def require_gpus(count: int) -> None:
@@ -178,14 +207,15 @@ def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeo
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **SAFE_NCCL_ENV})
     results = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(r, world, device, timeout_s, fn, args, results), daemon=True)
+    parent = os.getpid()
+    procs = [ctx.Process(target=_entry, args=(parent, r, world, device, timeout_s, fn, args, results), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
     outputs: dict[int, Any] = {}
     failure: str | None = None
     end = time.monotonic() + deadline_s
     try:
+        for p in procs:
+            p.start()
         while len(outputs) < world and failure is None:
             if time.monotonic() > end:
                 failure = f"the run passed its {deadline_s:.0f} s deadline"
@@ -200,14 +230,14 @@ def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeo
             else:  # a rank's error is often the echo of a peer that died first: name that one
                 time.sleep(0.5)
                 failure = _death(procs, outputs, killed_only=True) or f"rank {rank} failed: {rest[0]}"
+    except BaseException as e:  # Ctrl-C, SIGTERM or SIGHUP (parsim.interrupts): say which ranks it stopped
+        stopped = stop_ranks(procs)
+        if stopped:
+            note(e, "stopped " + ", ".join(f"rank {r} (pid {procs[r].pid})" for r in stopped))
+            _clear_line()
+        raise
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+        stop_ranks(procs)
     if failure:
         raise ParsimError(failure + "; every other rank was stopped")
     return [outputs[r] for r in range(world)]
@@ -219,6 +249,7 @@ def as_torchrun_rank(fn: Callable, world: int, args: tuple, device: str, timeout
     A rank that fails or dies leaves its peers' next wait to time out after timeout_s, so each
     exits with an error, and torchrun with non-zero status.
     """
+    default_signals()  # torchrun's agent ends its workers with SIGTERM (then SIGKILL): end at once, as it expects
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if size != world:
         raise ParsimError(f"torchrun started {size} processes but this run needs {world}; "

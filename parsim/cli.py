@@ -10,15 +10,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from parsim import progress
+from parsim.budget import check_actions
 from parsim.errors import ParsimError
+from parsim.interrupts import Stopped, describe, stopping
+from parsim.progress import Progress
 from parsim.sim.machine import gc_paused
-from parsim.sim.predict import Prediction, Simulation, predict
+from parsim.sim.predict import Prediction, Simulation, check_sizes, predict
 from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
 from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
-from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, build, schedule_name
+from parsim.schedules import SCHEDULES, VIRTUAL, build, schedule_name
 from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
                              model_from_spec, named_model, partitioned)
 
@@ -195,26 +199,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-MAX_ACTIONS = 20_000_000  # about three minutes of simulation at ~100k actions/s
-
-
 def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule: str,
              microbatches: int) -> tuple[Prediction, Simulation]:
     # predict passes --virtual-stages on, so a schedule that has none refuses it; sweep mixes
     # schedules, so there it applies to the interleaved ones only
     virtual = args.virtual_stages if schedule in VIRTUAL or args.command == "predict" else None
-    per_gpu = virtual or (2 if schedule in V_SHAPED else 1)  # stages
-    estimate = 4 * args.gpus * per_gpu * microbatches  # compute, sends and receives per stage
-    if estimate > MAX_ACTIONS:
-        raise ParsimError(f"{args.gpus} GPUs x {microbatches} micro-batches is about {estimate:,} actions, "
-                          f"past the {MAX_ACTIONS:,} this tool simulates (minutes each); use fewer")
     dp = args.data_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
+    check_sizes(model, schedule, args.gpus // dp, microbatches, virtual, dp)  # before anything is built
     runtime = runtime_for(args)
     with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again
+        progress.phase(f"{schedule} m={microbatches}: building the schedule")
         built = runtime.build(schedule, args.gpus // dp, microbatches, virtual)
         model = split_model(args, model, built.num_stages, microbatches, dp, runtime.costs(profile))
+        progress.phase(f"{schedule} m={microbatches}: simulating")
         return predict(built, model, profile, args.copy_streams, dp, runtime)
 
 
@@ -229,16 +228,20 @@ def runtime_for(args: argparse.Namespace) -> Runtime:
 def cmd_predict(args: argparse.Namespace) -> int:
     profile, model = load_profile(args.profile), model_from_args(args)
     m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
-    prediction, sim = _predict(args, profile, model, args.schedule, m)
-    if args.trace:
-        from parsim.outputs.trace import write_trace
+    if args.trace or args.plot:  # a timeline holds every op: refused past a smaller bound, before anything runs
+        check_actions(args.schedule, args.gpus, m, args.virtual_stages, timeline=True)
+    with Progress("predict"):
+        prediction, sim = _predict(args, profile, model, args.schedule, m)
+        progress.phase("the timeline")
+        if args.trace:
+            from parsim.outputs.trace import write_trace
 
-        write_trace(sim, args.trace)
-    if args.plot:
-        from parsim.outputs.plot import write_gantt
+            write_trace(sim, args.trace)
+        if args.plot:
+            from parsim.outputs.plot import write_gantt
 
-        write_gantt(sim, args.plot, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
-                                    f"{fmt_time(prediction.step_time_s)}")
+            write_gantt(sim, args.plot, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
+                                        f"{fmt_time(prediction.step_time_s)}")
     print(json.dumps(to_json(prediction), indent=2) if args.json else to_text(prediction))
     return 0
 
@@ -246,7 +249,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     profile, model = load_profile(args.profile), model_from_args(args)
     names = _schedule_names(args.schedules, runtime_for(args))
-    results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
+    with Progress("sweep"):
+        results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
     if args.json:
         print(json.dumps([to_json(r) for r in results], indent=2))
         return 0
@@ -303,11 +307,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
           f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule or runtime refuses, "
-          f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)")
+          f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)"
+          + (f"; {found.too_large} more left out, too large to simulate" if found.too_large else ""))
     if args.trace:
         from parsim.outputs.trace import write_trace
 
         best = fits[0]
+        check_actions(best.schedule, args.gpus, best.microbatches, best.virtual_stages, timeline=True)
         runtime = get_runtime(best.runtime)
         schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
                                  best.virtual_stages if best.schedule in VIRTUAL else None)
@@ -350,7 +356,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ParsimError("compare needs --measured CSV, or --timeline TRACE with --point")
     if args.measured:
         profile = load_profile(args.profile) if args.profile else None
-        table, plots = compare(args.measured, args.out, profile, args.runtime)
+        with Progress("compare"):
+            table, plots = compare(args.measured, args.out, profile, args.runtime)
         print(table)
         print("plots: " + ", ".join(map(str, plots)))
     if args.timeline:
@@ -370,6 +377,7 @@ def _overlay(args: argparse.Namespace) -> Path:
     model = model_from_spec(spec)
     if not 0 <= args.gpu < gpus:
         raise ParsimError(f"--gpu must name one of the point's {gpus} GPUs, got {args.gpu}")
+    check_actions(schedule, gpus, m, timeline=True)
     _, sim = predict(build(schedule, gpus, m), model, load_profile(args.profile))
     out = Path(args.out) if args.out else Path(args.timeline).parent
     if not out.is_dir():
@@ -384,15 +392,20 @@ COMMANDS = {"predict": cmd_predict, "sweep": cmd_sweep, "plan": cmd_plan, "scena
 
 
 def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback."""
+    """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback; Ctrl-C,
+    SIGTERM and SIGHUP one line saying so (and what they stopped) and 128 + the signal's number."""
     try:
-        return command(args)
+        with stopping():  # SIGTERM and SIGHUP unwind as Ctrl-C does
+            return command(args)
     except ParsimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(describe(e, "interrupted"), file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(describe(e, str(e)), file=sys.stderr)
+        return e.status
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         return 141

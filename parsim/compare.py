@@ -20,6 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from parsim import progress
+from parsim.budget import check_actions
 from parsim.errors import ParsimError
 from parsim.runtimes import get_runtime
 from parsim.files import write_png
@@ -136,6 +138,8 @@ def read_points(path: str | Path) -> list[Point]:
                           data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
                           runtime=runtime, host_probe_s=probe_s, **times, **peaks)
             point.workload()  # a bad spec is this line's error, not a later one's
+            check_actions(point.schedule, point.gpus, point.microbatches,
+                          fix="compare predicts every row: leave this one out")  # before any row is predicted
             points.append(point)
         except (TypeError, ValueError, ParsimError) as e:
             raise ParsimError(f"results {path}, line {n}: {e}") from None
@@ -148,6 +152,7 @@ def _predict(p: Point, profile):
     from parsim.sim.predict import predict
 
     runtime = get_runtime(p.runtime)
+    progress.phase(f"{p.label} on {p.gpus} GPUs, m={p.microbatches}")
     return predict(_schedule(p), p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
 
 

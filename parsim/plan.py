@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
+from parsim.budget import MAX_ACTIONS, actions, check_plan, cpu_cores, stages_per_rank
 from parsim.errors import ParsimError, ProfileError, ScheduleError
+from parsim.interrupts import default_signals
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
@@ -86,6 +87,7 @@ class Search:
     simulated: int
     seconds: float
     jobs: int
+    too_large: int = 0  # not considered: past what parsim simulates at once (parsim.budget)
 
 
 def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank: tuple[int, ...]) -> list[int]:
@@ -121,34 +123,66 @@ def costed_runtimes(profile: Profile) -> list[Runtime]:
     return out
 
 
-def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
-           max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal") -> list[Shape]:
-    """Every configuration to consider, with its floor, in enumeration order: runtimes, data-parallel degrees
-    (where the profile can cost an all-reduce), schedules, micro-batch counts, virtual stages, splits (each of
-    `partition`'s once, where they differ); no more stages than layers, and several stages per GPU only where
-    there are several GPUs. Nothing is built."""
+Layout = tuple  # (runtime, data-parallel degree, schedule, micro-batches, virtual stages or None, stages)
+
+
+def layouts(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
+            max_microbatches: int = 256, data_parallel: bool = True) -> list[Layout]:
+    """Every configuration to consider, in enumeration order (runtimes, data-parallel degrees where the profile can
+    cost an all-reduce, schedules, micro-batch counts, virtual stages), by arithmetic alone: no more stages than
+    layers, and several stages per GPU only where there are several GPUs. Cheap however many GPUs: a pipeline
+    is never longer than the model, so only degrees that leave at most a rank a layer are tried."""
     dp_ok = data_parallel and "allreduce" in profile.collectives
-    out: list[Shape] = []
+    layers = len(model.layers)
+    ranks = [pp for pp in range(min(gpus, layers), 0, -1) if gpus % pp == 0] if dp_ok else \
+        [gpus] if gpus <= layers else []
+    out: list[Layout] = []
     for runtime in runtimes:
-        run_profile = runtime.costs(profile)
-        splits_of: dict[tuple[int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
         names = [n for n in (schedules or runtime.schedules()) if n in runtime.schedules()]
-        for dp in (d for d in range(1, gpus + 1) if gpus % d == 0) if dp_ok else (1,):
-            pp = gpus // dp
+        for pp in ranks:
+            dp = gpus // pp
             for name in names:
                 for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
                     for v in ((2, 4) if name in VIRTUAL else (None,)):
-                        owner = runtime.placement(name, pp, v)
-                        stages = len(owner)
-                        if stages > len(model.layers) or (pp == 1 and stages > 1):
-                            continue
-                        key = (stages, m * dp)  # a micro-batch's samples (batch / (m x dp)): all a split needs
-                        if key not in splits_of:
-                            splits_of[key] = _splits(model, partition, stages, m, run_profile, dp)
-                        for balance, costs in splits_of[key]:
-                            floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
-                                                 gradient_buckets(costs) if dp > 1 else None)
-                            out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
+                        stages = pp * stages_per_rank(name, v)
+                        if stages <= layers and not (pp == 1 and stages > 1):
+                            out.append((runtime, dp, name, m, v, stages))
+    return out
+
+
+def too_large(layout: Layout, gpus: int) -> bool:
+    """Whether a configuration is past what parsim simulates at once (parsim.budget): plan leaves it out."""
+    _, _, name, m, v, _ = layout
+    return actions(name, gpus, m, v) > MAX_ACTIONS
+
+
+def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
+           max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
+           tick: Callable[[], None] | None = None) -> list[Shape]:
+    """Every configuration to consider (layouts, less those too large to simulate), with its floor, in enumeration
+    order; each split `partition` asks for once, where they differ. Nothing is built; `tick` is called after each
+    configuration (a progress line). Refuses a plan too large to weigh (parsim.budget)."""
+    todo = [layout for layout in layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
+            if not too_large(layout, gpus)]
+    keys = {(runtime.name, stages, m * dp) for runtime, dp, _, m, _, stages in todo}  # one split per key, below
+    cells = sum(stages for _, stages, _ in keys) * len(model.layers) if "time" in SPLITS[partition] else 0
+    check_plan([layout[-1] for layout in todo], cells, gpus, len(model.layers))
+    out: list[Shape] = []
+    splits_of: dict[tuple[str, int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
+    run_profiles = {runtime.name: runtime.costs(profile) for runtime in runtimes}
+    for layout in todo:
+        runtime, dp, name, m, v, stages = layout
+        if tick is not None:
+            tick()
+        pp, run_profile = gpus // dp, run_profiles[runtime.name]
+        owner = runtime.placement(name, pp, v)
+        key = (runtime.name, stages, m * dp)  # a micro-batch's samples (batch / (m x dp)): all a split needs
+        if key not in splits_of:
+            splits_of[key] = _splits(model, partition, stages, m, run_profile, dp)
+        for balance, costs in splits_of[key]:
+            floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
+                                 gradient_buckets(costs) if dp > 1 else None)
+            out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
     return out
 
 
@@ -169,9 +203,10 @@ _CONTEXT: tuple[Model, Profile, float | None, str] | None = None  # a worker's: 
 
 
 def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None, optimizer: str) -> None:
-    """A worker process: Ctrl-C is the parent's to handle (it stops the workers)."""
+    """A worker process: Ctrl-C is the parent's to handle (it stops the workers); SIGTERM ends it at once."""
     global _CONTEXT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    default_signals()  # forked with the parent's handler, which would unwind the worker instead of ending it
     _CONTEXT = model, profile, memory_limit_bytes, optimizer
 
 
@@ -213,7 +248,25 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
     those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes."""
     start = time.perf_counter()
     runtimes = runtimes or costed_runtimes(profile)
-    todo = shapes(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel, partition)
+    every = layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
+    left_out = sum(too_large(layout, gpus) for layout in every)
+    with _progress(len(every) - left_out, progress) as bar:
+        bar.set_description("plan: weighing", refresh=False)
+        todo = shapes(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel, partition,
+                      bar.update)
+        bar.set_description("plan", refresh=False)
+        bar.n, bar.total = 0, len(todo)
+        fits, too_big, counts = _search(todo, bar, top, (model, profile, memory_limit_bytes, optimizer), jobs)
+    fits.sort(key=lambda f: rank_key(f[0], f[2].memory_bytes, f[1]))
+    ranked = [c for _, _, c in fits][:top]
+    return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
+                  time.perf_counter() - start, jobs, left_out)
+
+
+def _search(todo: list[Shape], bar, top: int | None, context: tuple[Model, Profile, float | None, str],
+            jobs: int) -> tuple[list[tuple[float, int, Candidate]], list[Candidate], dict[str, int]]:
+    """Simulate what can still enter the top `top` (search's loop): (step, index, candidate) of those that fit,
+    those over the memory limit, and how many were pruned or cannot run."""
     fits: list[tuple[float, int, Candidate]] = []
     too_big: list[Candidate] = []
     best: list[float] = []  # the top fastest step times so far, negated (a max-heap)
@@ -235,19 +288,15 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
 
     ordered = sorted(todo, key=lambda s: (s.floor_s, s.index))
     floors = [s.floor_s for s in ordered]
-    with _progress(len(todo), progress) as bar:
-        for shape, found in _run(ordered, can_win, (model, profile, memory_limit_bytes, optimizer), jobs):
-            if found is _PRUNED:
-                counts["pruned"] += 1
-                continue
-            record(shape, found)
-            if top is not None and len(best) == top:  # the bar counts to what may still win, not to everything
-                bar.total = bisect.bisect_right(floors, -best[0])
-            bar.update()
-    fits.sort(key=lambda f: rank_key(f[0], f[2].memory_bytes, f[1]))
-    ranked = [c for _, _, c in fits][:top]
-    return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
-                  time.perf_counter() - start, jobs)
+    for shape, found in _run(ordered, can_win, context, jobs):
+        if found is _PRUNED:
+            counts["pruned"] += 1
+            continue
+        record(shape, found)
+        if top is not None and len(best) == top:  # the bar counts to what may still win, not to everything
+            bar.total = bisect.bisect_right(floors, -best[0])
+        bar.update()
+    return fits, too_big, counts
 
 
 _PRUNED = object()  # _run's mark for a configuration it did not simulate
@@ -306,9 +355,12 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 class _NoBar:
-    total = 0
+    total = n = 0
 
     def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
         pass
 
 
@@ -326,7 +378,7 @@ def _progress(total: int, show: bool):
 
 def default_jobs() -> int:
     """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpu_cores()
 
 
 def candidates(model: Model, gpus: int, profile: Profile, schedules: list[str] | None = None,

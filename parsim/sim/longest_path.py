@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import length_hint
 
 from parsim.profile import Profile
+from parsim.progress import watch as watch_progress
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, stage_waits
 from parsim.sim.dataparallel import allreduce_spec
@@ -69,7 +71,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     last_grad = last_gradient_actions(schedule) if buckets else {}
     work: list[int] = []
-    walkers, channels, tables, hosts = [], [], [], []
+    walkers, channels, tables, hosts, programs = [], [], [], [], []
     for replica in range(data_parallel):
         off = replica * pp
         end = {op: [[None] * schedule.num_microbatches for _ in range(schedule.num_stages)]
@@ -83,9 +85,12 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
             hosts.append(host)
-            walkers.append(_walk(acts, compute, messages, end, more, profile.host.p2p_s, not copy_streams,
+            programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
+            walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
                                  len(walkers), work, channels, host))
         tables.append(end)
+    total = sum(map(len, schedule.actions)) * data_parallel
+    watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
     work.extend(range(len(walkers) - 1, -1, -1))
     finished = 0
     try:
@@ -190,7 +195,7 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
     return table
 
 
-def _walk(acts: tuple[Action, ...], compute: dict[str, list[tuple]], messages: dict[str, list[tuple | None]],
+def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dict[str, list[tuple | None]],
           end: dict[str, list[Row]], more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool,
           me: int, work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled

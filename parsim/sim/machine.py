@@ -18,6 +18,7 @@ from typing import NamedTuple
 import simpy
 
 from parsim.errors import ScheduleError
+from parsim.progress import watch as watch_progress
 
 
 _NAN = float("nan")
@@ -324,6 +325,9 @@ class Machine:
             for h in self.hosts:
                 env.process(h.run(env, self.wake))
             self._go_on(list(self.streams.values())[::-1])
+            streams = list(self.streams.values())
+            total = sum(len(s.ops) for s in streams)
+            watch_progress(lambda: (sum(s.next for s in streams), total))  # ops settled, for a progress line
             env.run()
         if any(h.finished_at is None for h in self.hosts) or any(
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):

@@ -6,15 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from parsim.budget import check_actions, stages_per_rank
 from parsim.sim.machine import HostThread, Machine, Op, gc_paused
 from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import settle_step
 from parsim.sim.lower import compute_track, finish_step, lower, peak_held_bytes
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
-from parsim.schedules import Schedule, gpipe
+from parsim.schedules import SCHEDULES, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
-from parsim.workload import Model, StageCost, stage_costs
+from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, stage_costs
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,17 @@ def _run_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, c
 def single_gpu_step_s(model: Model, profile: Profile) -> float:
     """The same model and batch on one GPU, one forward and one backward, no micro-batching."""
     return simulate(gpipe(1, 1), stage_costs(replace(model, balance=None), 1, 1, profile), profile).step_time_s
+
+
+def check_sizes(model: Model, schedule: str, num_ranks: int, microbatches: int, virtual_stages: int | None = None,
+                data_parallel: int = 1) -> None:
+    """What building `schedule` would find wrong, found first and cheaply: a batch that does not split evenly, more
+    stages than layers (for parsim's own schedules: a torch one's stages are known once it is read), a step past
+    what parsim simulates (parsim.budget). A large schedule takes seconds to build; these take microseconds."""
+    microbatch_tokens(model, microbatches, data_parallel)
+    if schedule.lower() in SCHEDULES:
+        check_stages(len(model.layers), num_ranks * stages_per_rank(schedule, virtual_stages))
+    check_actions(schedule, num_ranks * data_parallel, microbatches, virtual_stages)
 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,

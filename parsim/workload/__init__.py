@@ -16,12 +16,13 @@ from parsim.workload.layers import KINDS, Kind, Layer, Part
 from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
 from parsim.workload.models import (CONV_DEFAULTS, MODEL_FILE, MODEL_SPECS, Model, check_balance, conv_model,
                                     mlp_model, model_label, model_spec, transformer_model)
-from parsim.workload.partition import partition, partition_by_time, stage_layers
+from parsim.workload.partition import check_stages, partition, partition_by_time, stage_layers
 from parsim.workload.transformer import Decoder, Embedding, Head, TransformerShape, transformer_layers
 
 __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "Layer", "LayerTime", "MODEL_FILE",
            "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
-           "TransformerShape", "Work", "check_balance", "config_model", "conv_model", "layer_times", "layer_works",
-           "load_model", "microbatch_tokens", "mlp_model", "model_from_spec", "model_label", "model_spec",
-           "gradient_adds", "named_model", "part_costs", "partition", "partition_by_time", "partitioned", "preset_model",
+           "TransformerShape", "Work", "check_balance", "check_stages", "config_model", "conv_model",
+           "gradient_adds", "layer_times", "layer_works", "load_model", "microbatch_tokens", "mlp_model",
+           "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition",
+           "partition_by_time", "partitioned", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

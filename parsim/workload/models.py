@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from parsim.budget import check_layers
 from parsim.errors import ModelError
 from parsim.workload.layers import Layer
 from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, describe, transformer_layers
@@ -21,6 +22,7 @@ class Model:
     balance: tuple[int, ...] | None = None  # layers per stage (torchgpipe's term); None: equal counts
 
     def __post_init__(self) -> None:
+        check_layers(len(self.layers), fix="use fewer layers (a model file's counts)")
         for i, (a, b) in enumerate(zip(self.layers, self.layers[1:])):
             if a.out_shape != b.in_shape:
                 raise ModelError(f"layer {i + 1} ({b.cost_key}) takes {_shape(b.in_shape)} per sample but "
@@ -173,6 +175,7 @@ def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_by
     for name, value in (("layers", layers), ("hidden", hidden), ("tokens", tokens)):
         if value < 1:
             raise ModelError(f"--{name} must be at least 1, got {value}")
+    check_layers(layers, "the MLP stack", "use fewer --layers")
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 
 
@@ -188,6 +191,7 @@ def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], bl
         raise ModelError(f"--images must be at least 1, got {images}")
     if len(widths) != len(blocks) or not blocks or min(blocks) < 1:
         raise ModelError(f"a conv net needs a width and at least one block per group, got {widths} and {blocks}")
+    check_layers(sum(blocks), "the conv net", "use fewer blocks")
     layers = []
     for g, (width, count) in enumerate(zip(widths, blocks)):
         if g:
@@ -204,6 +208,7 @@ def transformer_model(shape: TransformerShape, blocks: int, sequences: int) -> M
     """A transformer of `blocks` decoder blocks, trained on `sequences` sequences of shape.seq tokens a step."""
     if sequences < 1:
         raise ModelError(f"--global-batch must be at least 1 sequence, got {sequences}")
+    check_layers(blocks, "the transformer", "use fewer blocks")
     return Model(transformer_layers(shape, blocks), sequences)
 
 

@@ -8,12 +8,13 @@ from parsim.workload.models import Model, check_balance
 
 def partition(num_layers: int, num_stages: int) -> list[range]:
     """Split layers into contiguous stages of equal count (the first stages take the remainder)."""
-    _check_stages(num_layers, num_stages)
+    check_stages(num_layers, num_stages)
     size, extra = divmod(num_layers, num_stages)
     return _ranges([size + (1 if s < extra else 0) for s in range(num_stages)])
 
 
-def _check_stages(num_layers: int, num_stages: int) -> None:
+def check_stages(num_layers: int, num_stages: int) -> None:
+    """Refuse a split into no stages, or into more stages than there are layers."""
     if num_stages < 1:
         raise ModelError(f"need at least one stage, got {num_stages}")
     if num_stages > num_layers:
@@ -51,7 +52,7 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     considers. Where the equal split is already optimal it is kept: it is what `--partition equal` runs.
     """
     n = len(gpu)
-    _check_stages(n, num_stages)
+    check_stages(n, num_stages)
     gpu_sum, host_sum = _prefix(gpu), _prefix(host) if host is not None else None
 
     def stage_time(a: int, b: int) -> float:

@@ -1,0 +1,62 @@
+"""SIGTERM and SIGHUP unwind a command as Ctrl-C does: its `finally` blocks stop the processes it started and
+remove its temporary files, and it exits with 128 + the signal's number, as a shell reports a killed command."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+STOPPING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """A termination signal, raised where the main thread runs (like KeyboardInterrupt, not an Exception, so
+    that `except Exception` clauses let it through)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextmanager
+def stopping() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise Stopped in the main thread (elsewhere: nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.signal(s, _raise) for s in STOPPING}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def default_signals() -> None:
+    """In a forked child: the default actions again, so that SIGTERM from its parent ends it at once rather than
+    unwinding the copy of the parent's stack it inherited."""
+    for s in STOPPING:
+        signal.signal(s, signal.SIG_DFL)
+
+
+def note(e: BaseException, text: str) -> None:
+    """Add to what the one-line report of an interruption says (e.g. which processes it stopped)."""
+    notes = getattr(e, "__notes__", None)
+    if notes is None:
+        notes = e.__notes__ = []  # type: ignore[attr-defined]
+    notes.append(text)
+
+
+def describe(e: BaseException, what: str) -> str:
+    """`what` ("interrupted", "stopped by SIGTERM") with the notes the unwinding added, as one line."""
+    return "; ".join([what, *getattr(e, "__notes__", ())])
