@@ -27,12 +27,12 @@ def compose(main: Path, layers_from: Path, interfaces_from: Path, out: Path) -> 
             runtimes[name] = dataclasses.replace(costs, p2p_s=theirs.p2p_s)
     meta = dict(profile.meta)
     carried = list(meta.get("carried_from_base") or [])
-    carried += [f"layers {kind}" for kind in sorted({k.split("@")[0] for k in kinds})]
+    carried.append("layers " + "/".join(sorted({k.split("@")[0] for k in kinds})))
     meta["carried_from_base"] = carried
     meta["composed"] = (f"python scripts/compose_profile.py {main} {layers_from} {interfaces_from} {out}: layers "
                         f"{', '.join(sorted({k.split('@')[0] for k in kinds}))} from {layers_from}"
-                        f" ({other.meta.get('date', '?')}), gil and cpu from {interfaces_from}"
-                        f" ({str(interfaces.meta.get('date', '?'))[:10]})")
+                        f" ({str(other.meta.get('date', '?'))[:10]}), gil and cpu from {interfaces_from}"
+                        f" ({interfaces.gil.source if interfaces.gil else '?'})")
     save_profile(dataclasses.replace(profile, layers={**profile.layers, **kinds}, runtimes=runtimes, meta=meta,
                                      gil=interfaces.gil, cpu=interfaces.cpu), out)
     return f"wrote {out}: {len(kinds)} layer costs carried; gil and cpu from {interfaces_from}"

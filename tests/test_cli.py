@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from parsim.cli import main
+from parsim.profile import load_profile
 
 
 def test_predict_json_has_the_documented_keys(capsys):
@@ -32,7 +33,8 @@ def test_trace_is_chrome_trace_json_with_a_track_per_stream_and_link(tmp_path, c
     assert main(["predict", "--gpus", "2", "--microbatches", "2", "--trace", str(path)]) == 0
     events = json.loads(path.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert names == {"host0", "host1", "gpu0 compute", "gpu1 compute", "link 0->1", "link 1->0"}
+    bookkeeping = {"host0 bookkeeping", "host1 bookkeeping"} if load_profile().host.step_s else set()  # per step
+    assert names == {"host0", "host1", "gpu0 compute", "gpu1 compute", "link 0->1", "link 1->0"} | bookkeeping
     spans = [e for e in events if e["ph"] == "X"]
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     assert {e["name"] for e in spans} >= {"F(s0,m0)", "B(s1,m1)", "SEND_F(s0,m0)->RECV_F(s1,m0)"}
