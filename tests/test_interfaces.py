@@ -48,9 +48,18 @@ def test_sections_round_trip_through_a_file_and_stay_absent_when_unmeasured(tmp_
     assert load_profile(path).gil is None
 
 
-def test_the_shipped_profile_still_loads_without_them():
-    shipped = load_profile()
-    assert shipped.gil is None and shipped.cpu is None and "mlp" in shipped.layers
+def _without(section: str) -> dict:
+    """The shipped profile's document less one of its optional sections."""
+    doc = json.loads(json.dumps(load_profile().to_json()))
+    doc.pop(section, None)
+    return doc
+
+
+def test_a_profile_without_them_still_loads():
+    doc = _without("gil")
+    doc.pop("cpu", None)
+    profile = from_json(doc)
+    assert profile.gil is None and profile.cpu is None and "mlp" in profile.layers
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -71,12 +80,17 @@ def test_malformed_sections_name_the_field(edit, message):
 
 
 @pytest.mark.parametrize("name,section,profile", [
-    ("data-parallel", "gil section", None), ("hogwild", "cpu section", None),
+    ("data-parallel", "gil section", "gil"), ("hogwild", "cpu section", "cpu"),  # the shipped profile less it
     ("data-parallel", "gil.wake", "data/interfaces/h200x2-2026-11-23-2/profile.json"),  # calibrated before wake-ups
 ])
-def test_a_scenario_without_its_costs_names_the_calibration_in_one_line(name, section, profile):
+def test_a_scenario_without_its_costs_names_the_calibration_in_one_line(name, section, profile, tmp_path):
     root = Path(__file__).parent.parent
-    argv = [sys.executable, "-m", "parsim", "scenario", name] + (["--profile", str(root / profile)] if profile else [])
+    if profile in ("gil", "cpu"):
+        (tmp_path / "p.json").write_text(json.dumps(_without(profile)))
+        path = tmp_path / "p.json"
+    else:
+        path = root / profile
+    argv = [sys.executable, "-m", "parsim", "scenario", name, "--profile", str(path)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
