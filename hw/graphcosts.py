@@ -4,15 +4,15 @@
    calibrate times hw's runner: one launch per action (the intercept over depth, action_s) and what a
    layer adds (the slope, against hw's runner's per-layer cost: layer_host); the runner's own per-step
    work outside its actions (step_s); and for one graph per step, the whole step's host time.
-2. The GPU: each action's time inside a real step (CUDA events, the GPU fed ahead by a spin kernel), eager
-   and graphed in turns, for stages of 8 MLP blocks at each calibrated width and 128-8192 tokens. The
-   graphed times are fitted to the profile's per-layer costs of the same actions as a x their fixed part
-   + b x their matmul part: gpu_fixed_scale = a / b, gpu_scale = b. What the graphs save against eager
-   is reported beside the fit, point by point.
+2. The GPU: the graphed stages of hw.stage_probe (8 MLP blocks at each calibrated width, 128-8192 tokens),
+   each action's time over the profile's eager cost of the same work: the ratios that price those shapes
+   (gpu_ratios). For other shapes, the graphed times fitted to the profile's per-layer costs as a x their
+   fixed part + b x their matmul part: gpu_fixed_scale = a / b, gpu_scale = b. What the graphs save against
+   eager is reported point by point.
 3. The gradient add: a stage's later gradient actions add their gradients into the step's (`.grad += g`,
    one foreach kernel in the graph); replayed alone for each width, fitted to fixed + bytes / rate
-   (accumulate_s, accumulate_Bps). hw's runner adds the same bytes; parsim models it for the runtimes
-   whose costs name it.
+   (accumulate_s, accumulate_Bps). Autograd's add in the eager runners is calibrate's own
+   (autograd_accumulate).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hw.graphs import graph_maker, local_graph_runner
 from hw.models import MlpBlock
 from hw.measure import HostSpans
 from hw.opcosts import gpu_time_s, sync
-from hw.stage_probe import LEAD_CYCLES, _clear, stage_layers
+from hw.stage_probe import LEAD_CYCLES, clear_grads, stage_layers
 from hw.workers import host_pinned
 from parsim.profile import Profile, RuntimeCosts
 from parsim.schedules import Op, gpipe
@@ -59,20 +59,20 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
                    local_graph_runner(model, schedule, device, dtype, whole_step=True))
         for runner, io in runners:
             for _ in range(3):
-                _clear(runner)
+                clear_grads(runner)
                 runner.step(io)
         probes.append((k, runners, HostSpans(), [], []))
     sync(device)
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
             for k, ((runner, io), (whole, whole_io)), spans, outside, wholes in probes:
-                _clear(runner)
+                clear_grads(runner)
                 before = len(spans.spans)
                 t0 = time.perf_counter()
                 runner.step(io, spans)
                 outside.append(time.perf_counter() - t0 - sum(s for _, s in spans.spans[before:]))
                 sync(device)  # the graphs queue faster than tiny kernels run: keep the launch queue short
-                _clear(whole)
+                clear_grads(whole)
                 t0 = time.perf_counter()
                 whole.step(whole_io)
                 wholes.append(time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """hw's own runners timed on a stage of MLP blocks at each calibrated width and micro-batch size (`hw calibrate`).
 
-A stage of STAGE_LAYERS blocks, one micro-batch, under hw's eager runner and, with `--runtimes graphs`, its
+A stage of 8 blocks (2 on the CPU), one micro-batch, under hw's eager runner and, with `--runtimes graphs`, its
 graphed runners: each action's GPU time, as a step runs it. Where the step keeps the GPU busier than its host,
 it is timed back to back at the clock the GPU holds under that load (an H200 at its power cap), else fed by a
 spin kernel. The eager stages correct the layer costs at their shapes (stage_corrections): the layer probes'
@@ -38,7 +38,8 @@ def stage_layers(device: torch.device) -> int:
     return CPU_LAYERS if device.type != "cuda" else GPU_LAYERS
 
 
-def _clear(runner) -> None:
+def clear_grads(runner) -> None:
+    """Every .grad of the runner's stages to None, as a step begins in hw measure."""
     for module in runner.stages.values():
         for p in module.parameters():
             p.grad = None
@@ -93,7 +94,7 @@ class _Spans:
         self.device, self.actions, self.whole = device, ActionTimer(device), []
 
     def step(self, runner, io, timed: bool) -> None:
-        _clear(runner)
+        clear_grads(runner)
         if not timed:
             runner.step(io)
         elif getattr(runner, "whole_step", False):
@@ -118,7 +119,7 @@ class _Spans:
 def _host_step_s(runner, io, device: torch.device) -> float:
     """The host's time to issue one step (the GPU may still be running it)."""
     sync(device)
-    _clear(runner)
+    clear_grads(runner)
     t0 = time.perf_counter()
     runner.step(io)
     host_s = time.perf_counter() - t0

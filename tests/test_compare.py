@@ -39,6 +39,12 @@ def test_ranking_says_where_the_predicted_fastest_schedule_is_not_the_measured_f
     assert "m=8" in lines[3] and lines[3].endswith("predicted fastest gpipe (41.00 ms), which measured +25.0%")
 
 
+def test_of_schedules_predicted_equally_fast_the_ranking_names_the_one_predicted_to_need_less_memory():
+    points = [replace(_timed("gpipe", 16, 0.069, 0.0718), predicted_peak_bytes=9 << 30),
+              replace(_timed("1f1b", 16, 0.065, 0.0718), predicted_peak_bytes=3 << 30)]
+    assert ranking_lines(points)[1] == "fastest schedule: predicted right at 1 of 1 points"
+
+
 def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
     result = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(FIXTURE),
                              "--out", str(tmp_path)], capture_output=True, text=True)

@@ -101,3 +101,28 @@ def test_calibrate_names_the_runtimes_it_measures():
     r = subprocess.run([sys.executable, "-m", "hw", "calibrate", "--cpu", "--runtimes", "nonsense", "--out",
                         "/tmp/never-written-graphs.json"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: no calibration for runtime(s) nonsense") and "graphs" in r.stderr
+
+
+def test_stage_corrections_make_the_costs_reproduce_the_stages_and_keep_the_backward_split():
+    """A stage of n blocks measured 1.3x the layer costs' forward and 0.8x their backward: the corrected costs give
+    those times per block at the sampled sizes, input-grad and weight-grad in the layer probes' proportion."""
+    from hw.stage_probe import stage_corrections
+    from parsim.profile import LayerCosts, OpCost
+    from parsim.workload import Layer
+
+    h, n = 64, 8
+    costs = {"mlp@64": LayerCosts(OpCost(0.0, 1e-5, 1e12), OpCost(0.0, 2e-5, 1e12), OpCost(0.0, 1e-5, 5e11))}
+    layer = Layer("mlp", h)
+    rows = []
+    for tokens in (16, 64, 256):
+        w = layer.flops_per_token * tokens
+        c = costs["mlp@64"]
+        rows.append({"hidden": h, "tokens": tokens, "layers": n, "eager_forward_s": 1.3 * n * c.forward.gpu_s(w),
+                     "eager_backward_s": 0.8 * n * (c.backward_input.gpu_s(w) + c.backward_weight.gpu_s(w))})
+    fixed = stage_corrections(costs, rows)["mlp@64"]
+    for r in rows:
+        w = layer.flops_per_token * r["tokens"]
+        assert fixed.forward.gpu_s(w) * n == pytest.approx(r["eager_forward_s"])
+        assert (fixed.backward_input.gpu_s(w) + fixed.backward_weight.gpu_s(w)) * n == pytest.approx(r["eager_backward_s"])
+        assert fixed.backward_input.gpu_s(w) / fixed.backward_weight.gpu_s(w) == pytest.approx(
+            costs["mlp@64"].backward_input.gpu_s(w) / costs["mlp@64"].backward_weight.gpu_s(w))

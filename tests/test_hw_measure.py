@@ -195,3 +195,18 @@ def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monke
         assert os.sched_getaffinity(0) == before
     with host_pinned(torch.device("cpu"), 0):  # CPU ranks need their intra-op threads' cores
         assert os.sched_getaffinity(0) == before
+
+
+def test_lead_steps_cover_the_lead_time_from_one_timed_step(monkeypatch):
+    """A job whose step takes 40 ms leads each timed step with ceil(0.15 / 0.04) = 4 untimed ones; a 0.4 s step
+    with one."""
+    from hw import measure
+
+    for step_s, expected in ((0.04, 4), (0.4, 1)):
+        clock = [0.0]
+
+        def step(step_s=step_s) -> None:
+            clock[0] += step_s
+
+        monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+        assert measure._lead_steps(step, lambda: None, None, torch.device("cpu")) == expected

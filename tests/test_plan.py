@@ -209,3 +209,15 @@ def test_ctrl_c_stops_plan_and_its_workers_with_one_line():
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing left in its process group: the workers are gone too
+
+
+def test_equally_fast_configurations_rank_the_one_needing_less_memory_first():
+    """On one GPU with the host setting the pace, GPipe and 1F1B issue the same host program at each micro-batch
+    count: equally fast, and 1F1B holds one micro-batch's activations where GPipe holds them all."""
+    profile = make_profile(action_s=1e-4, layer_host_s=1e-5)
+    found = search(MODEL, 1, profile, schedules=["gpipe", "1f1b"], max_microbatches=8, data_parallel=False)
+    rank = {(c.schedule, c.microbatches): (k, c) for k, c in enumerate(found.fits)}
+    for m in (2, 4, 8):
+        (first, one), (second, gp) = rank["1f1b", m], rank["gpipe", m]
+        assert one.prediction.step_time_s == pytest.approx(gp.prediction.step_time_s, rel=1e-12)
+        assert one.memory_bytes < gp.memory_bytes and first < second
