@@ -1,0 +1,37 @@
+"""The shipped profile is what its recorded commands make of the committed measurements."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # refit_stages reads hw's stage corrections
+
+ROOT = Path(__file__).parent.parent
+FINAL = ROOT / "data/validation/h200-2026-11-24-final"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_refit_profile_is_what_refit_stages_makes_of_its_calibration(tmp_path):
+    _script("refit_stages").refit(FINAL / "profile.json", tmp_path / "p.json", FINAL / "profile.samples.json")
+    assert json.loads((tmp_path / "p.json").read_text()) == json.loads((FINAL / "profile-refit.json").read_text())
+
+
+def test_the_shipped_profile_is_what_compose_profile_makes_of_its_three_sources(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the command it records names its inputs from the repository's root
+    _script("compose_profile").compose(Path("data/validation/h200-2026-11-24-final/profile-refit.json"),
+                                       Path("data/calibration/h200x2-2026-11-23-shipped.json"),
+                                       Path("data/interfaces/h200-2026-11-24-1/profile.json"), tmp_path / "p.json")
+    made = json.loads((tmp_path / "p.json").read_text())
+    shipped = json.loads((ROOT / "parsim/profiles/default.json").read_text())
+    made["meta"].pop("composed"), shipped["meta"].pop("composed")  # it names its output's path
+    assert made == shipped
