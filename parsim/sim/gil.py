@@ -7,7 +7,9 @@ microseconds is still polling; one idle longer has halted and must be interrupte
 hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread comes back from its GIL-free part
 (torch's bindings release the GIL around dispatch) before the thread it woke runs, so it takes the GIL
 again and the woken one goes back to sleep, last in line: one thread keeps the GIL and every launch of it
-pays a wake-up. A thread that leaves (it syncs, joins or ends) hands the GIL to the one it woke.
+pays a wake-up (so on the 2-core development machine; on the H200 machines the woken thread took the GIL at
+almost every launch, which the same probes turn into nearly the same pace). A thread that leaves (it syncs,
+joins or ends) hands the GIL to the one it woke.
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
