@@ -4,8 +4,10 @@
 A thread holds the GIL for the Python part of each launch; torch's bindings drop it for the C++ part. The
 probes: one thread's time per launch; the C++ part alone (the same op issued from a TorchScript loop); and
 one and two threads launching while each holds the GIL a set time longer per launch, which makes the other
-thread's core sleep that long before each wake-up (`parsim.sim.gil.wake_points`). None is the experiment's
-own point at 3-8 threads.
+thread's core sleep that long before each wake-up (`parsim.sim.gil.wake_points`); and, as a check the model
+does not use, eight threads holding the GIL longer (their sleepers idle as long as two threads' do at the longest
+holds). None is the experiment's own point at 3-8 threads (it holds nothing). Every loop counts how often the
+GIL changed hands between launching threads.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from torch import nn
 from hw.hogwild import cpu_cores
 from hw.opcosts import sync
 from parsim.profile import GilCosts
-from parsim.sim.gil import wake_points
+from parsim.sim.gil import wake_points, wake_readings
 
 ELEMENTS = {"cuda": 1024, "cpu": 16}  # small: the device runs each op faster than it is launched
 BLOCK = 8  # launches between two looks at the clock
-HOLDS_S = tuple(h * 1e-6 for h in (0, 8, 16, 32, 48, 64, 96, 128, 256))  # extra GIL time a launch, wake-up probes
+HOLDS_S = tuple(h * 1e-6 for h in (0, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024))  # extra GIL time, wake-up probes
+CROWD_HOLDS_S = (64e-6, 128e-6)  # eight threads: their sleepers idle ~0.5 and ~1 ms, as two threads' at 512, 1024 us
+CROWD_THREADS = 8  # the experiment's largest count
 SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
 
 
@@ -50,7 +54,8 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
 
     Timed from their common start until the last has stopped, over all their launches; each looks at the clock
     every BLOCK launches, so a thread asleep at the deadline finishes its block first. A GPU is kept busy
-    meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL) and how long its
+    meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL), how often the GIL
+    changed hands between them (switches: a launch by another thread than the one before) and how long their
     streams took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host,
     set the pace).
     """
@@ -58,6 +63,7 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(threads)]
     go = threading.Barrier(threads + 1)
     counts, ends, deadline = [0] * threads, [0.0] * threads, [0.0]
+    last, takes = [-1], [0]  # the thread that launched last; launches that followed another thread's
     clock = time.perf_counter
 
     def work(i: int) -> None:
@@ -68,6 +74,9 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
             while clock() < end:
                 for _ in range(BLOCK):
                     x + 1
+                    if last[0] != i:  # under the GIL: no other thread runs between the test and the update
+                        last[0] = i
+                        takes[0] += 1
                     if hold_s:
                         until = clock() + hold_s
                         while clock() < until:
@@ -89,8 +98,8 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     for stream in streams:
         if stream is not None:
             stream.synchronize()
-    return {"per_launch_s": elapsed / sum(counts), "launches": counts, "drain_s": clock() - t0,
-            "clocks_kept_up": spinning}
+    return {"per_launch_s": elapsed / sum(counts), "launches": counts, "switches": max(takes[0] - 1, 0),
+            "drain_s": clock() - t0, "clocks_kept_up": spinning}
 
 
 def launch_rounds(device: torch.device, points: tuple[tuple[int, float], ...], window_s: float,
@@ -176,16 +185,14 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
 
 
 def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
-              source: str = "") -> tuple[GilCosts, dict]:
+              source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S) -> tuple[GilCosts, dict]:
     """One thread's time per launch, its GIL-free part, and the wake-up curve from one and two threads
-    launching with each hold in holds_s (GIL held longer per launch), with the raw rounds."""
+    launching with each hold in holds_s (GIL held longer per launch), with the raw rounds; and, unused by the
+    model, CROWD_THREADS threads at each of crowd_holds_s, read as the model reads them (`crowd`)."""
     points = tuple((n, hold) for hold in holds_s for n in (1, 2))
+    points += tuple(p for hold in crowd_holds_s for p in ((1, hold), (CROWD_THREADS, hold)) if p not in points)
     times = launch_rounds(device, points, window_s, rounds)
     one = [times[(1, hold)]["per_launch_s"] for hold in holds_s]
-    # two threads' extra time over one thread's, paired within each round (a drift of the host moves both)
-    extra = [statistics.median(b["per_launch_s"] - a["per_launch_s"]
-                               for a, b in zip(times[(1, hold)]["rounds"], times[(2, hold)]["rounds"]))
-             for hold in holds_s]
     launch = times[(1, holds_s[0])]["per_launch_s"]
     released = released_s(device)
     try:
@@ -194,7 +201,20 @@ def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, hol
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
     costs = GilCosts(launch, thread_cost_s(), None if released is None else min(released, launch),
-                     wake_points(one, [o + e for o, e in zip(one, extra)]), cpu_cores(), replicate, source)
+                     wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s)]),
+                     cpu_cores(), replicate, source)
+    crowd = []
+    for hold in crowd_holds_s:
+        alone = times[(1, hold)]["per_launch_s"]
+        ((slept, cost),) = wake_readings(CROWD_THREADS, [alone], [alone + paired_extra(times, CROWD_THREADS, hold)])
+        crowd.append({"hold_s": hold, "slept_s": slept, "cost_s": cost})
     return costs, {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
-                   "released_s": released,
+                   "released_s": released, "crowd_threads": CROWD_THREADS, "crowd": crowd,
                    "holds": [{"hold_s": hold, "threads": n, **times[(n, hold)]} for n, hold in points]}
+
+
+def paired_extra(times: dict[tuple[int, float], dict], n: int, hold: float) -> float:
+    """n threads' extra time per launch over one thread's at the same hold, paired round by round (a drift of
+    the host moves both), the median over rounds."""
+    return statistics.median(b["per_launch_s"] - a["per_launch_s"]
+                             for a, b in zip(times[(1, hold)]["rounds"], times[(n, hold)]["rounds"]))

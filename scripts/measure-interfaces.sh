@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The data-parallel interfaces on one GPU machine (issue 19): their costs (`hw calibrate --interfaces`: one
-# thread launching, the C++ part of a launch, one and two threads launching with the GIL held longer per launch;
-# the Hogwild step alone and in 3, 6, 12, .. processes; memory bandwidth), then the GIL experiment (1-8 Python
-# threads launching small kernels for a fixed time, each on its own stream of GPU 0) and Hogwild (1, 2, 4, 8, 16
-# processes training one shared model on the CPU cores), each measured beside parsim's prediction from those
-# costs, in one lease. About 2 minutes on one H200 with 16 cores (4 at most: each part is bounded by `timeout`,
+# thread launching, the C++ part of a launch, one and two threads launching with the GIL held 0-1024 us longer per
+# launch, and eight holding it 64 and 128 us longer as a check the model does not use; how often the GIL changed
+# hands in each; the Hogwild step alone and in 3, 6, 12, .. processes; memory bandwidth), then the GIL experiment
+# (1-8 Python threads launching small kernels for a fixed time, each on its own stream of GPU 0) and Hogwild (1, 2,
+# 4, 8, 16 processes training one shared model on the CPU cores), each measured beside parsim's prediction from
+# those costs, in one lease. About 2 minutes on one H200 with 16 cores (4 at most: each part is bounded by `timeout`,
 # and one failing does not stop the rest). Files: profile.json (+ .samples.json), data-parallel.json,
 # hogwild.json, gil-switches.json (how often the GIL changed hands, scripts/gil_switches.py), log.txt (what each
 # part printed, its exit status and seconds), cpu.txt (lscpu, the GPU) and clocks.csv (the GPU's clocks every

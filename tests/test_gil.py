@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from parsim.profile import GilCosts
 from parsim.scenarios.interfaces import launch_pace_s
-from parsim.sim.gil import Gil, GilLaunch, gil_thread, non_decreasing, wake_cost, wake_points
+from parsim.sim.gil import Gil, GilLaunch, gil_thread, non_decreasing, wake_cost, wake_points, wake_readings
 from parsim.sim.machine import Launch, Machine, Sync
 
 
@@ -183,6 +183,19 @@ def test_the_two_thread_probes_are_reproduced_from_the_curve_they_calibrate():
     for hold, o, t in zip(holds, one, two):
         assert launch_pace_s(gil, 1, hold) == pytest.approx(o)
         assert launch_pace_s(gil, 2, hold) == pytest.approx(t)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("holds", [(0.0, 5.0, 20.0), (3.0, 60.0)])
+def test_many_threads_holding_longer_read_back_the_curve_that_runs_them(threads, holds):
+    """wake_readings is the model's own reading: N threads' pace against one thread's, at any hold, gives back the
+    wake-up the curve charges at the idle time it names (so a probe at 8 threads is comparable with the curve)."""
+    gil, curve = _costs(CURVE), wake_cost(CURVE)
+    one = [launch_pace_s(gil, 1, h) for h in holds]
+    many = [launch_pace_s(gil, threads, h) for h in holds]
+    readings = wake_readings(threads, one, many)
+    assert [cost for _, cost in readings] == pytest.approx([curve(slept) for slept, _ in readings], rel=1e-5, abs=1e-9)
+    assert all(slept >= (threads - 1) * o - 1e-9 for (slept, _), o in zip(readings, one))
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

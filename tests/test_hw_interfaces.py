@@ -31,24 +31,29 @@ def test_threads_launch_until_the_window_closes_and_count_their_launches(threads
     assert len(loop["launches"]) == threads and sum(loop["launches"]) > 0 and loop["drain_s"] >= 0
     assert loop["per_launch_s"] >= hold_s  # a hold is GIL time of every launch
     assert loop["clocks_kept_up"] is False  # no GPU to keep busy
+    launched = sum(n > 0 for n in loop["launches"])
+    assert launched - 1 <= loop["switches"] <= sum(loop["launches"]) - 1  # each thread that launched took over once
     times = launch_times(CPU, tuple(dict.fromkeys((1, threads))), window_s=0.01, rounds=2)
     assert all(len(t["rounds"]) == 2 and t["per_launch_s"] > 0 for t in times.values())
 
 
 def test_the_gil_free_part_of_a_launch_is_shorter_than_the_launch():
-    costs, _ = gil_costs(CPU, window_s=0.01, rounds=1, holds_s=(0.0,))
+    costs, _ = gil_costs(CPU, window_s=0.01, rounds=1, holds_s=(0.0,), crowd_holds_s=())
     released = released_s(CPU, launches=200, repeat=3)
     assert released is not None and 0 < released < 10 * costs.launch_s  # TorchScript runs the op without Python
 
 
 def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
-    costs, raw = gil_costs(CPU, window_s=0.01, rounds=2, holds_s=(0.0, 40e-6))
+    costs, raw = gil_costs(CPU, window_s=0.01, rounds=2, holds_s=(0.0, 40e-6), crowd_holds_s=(40e-6,))
     assert costs.launch_s > 0 and costs.thread_s > 0 and costs.cores >= 1
     assert costs.released_s is None or 0 <= costs.released_s <= costs.launch_s
     assert costs.replicate_module_s is None  # replicate needs a GPU
     assert len(costs.wake) == 2 and costs.wake[1][0] > 40e-6  # the core slept a whole launch and its hold
-    assert {(h["threads"], h["hold_s"]) for h in raw["holds"]} == {(1, 0.0), (2, 0.0), (1, 40e-6), (2, 40e-6)}
+    assert {(h["threads"], h["hold_s"]) for h in raw["holds"]} == {(1, 0.0), (2, 0.0), (1, 40e-6), (2, 40e-6),
+                                                                   (8, 40e-6)}
     assert all(len(h["rounds"]) == 2 for h in raw["holds"])
+    (crowd,) = raw["crowd"]  # eight threads: each sleeper idles seven launches of the others
+    assert raw["crowd_threads"] == 8 and crowd["hold_s"] == 40e-6 and crowd["slept_s"] > 6 * 40e-6
 
 
 def test_a_tiny_hogwild_moves_the_shared_parameters():

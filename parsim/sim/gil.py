@@ -7,7 +7,9 @@ microseconds is still polling; one idle longer has halted and must be interrupte
 hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread comes back from its GIL-free part
 (torch's bindings release the GIL around dispatch) before the thread it woke runs, so it takes the GIL
 again and the woken one goes back to sleep, last in line: one thread keeps the GIL and every launch of it
-pays a wake-up. A thread that leaves (it syncs, joins or ends) hands the GIL to the one it woke.
+pays a wake-up (so on the 2-core development machine; on the H200 machines the woken thread took the GIL at
+almost every launch, which the same probes turn into nearly the same pace). A thread that leaves (it syncs,
+joins or ends) hands the GIL to the one it woke.
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
@@ -46,16 +48,26 @@ def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[f
     """The wake-up curve from the two-thread probes: one_s[k] and two_s[k] are the time per launch of one and of
     two threads that hold the GIL some extra time after each launch (the k-th hold).
 
-    With two threads one keeps the GIL and wakes the other at every launch (see the module's docstring); the
-    sleeper's core has then been idle for one launch of the other, one_s[k], and each launch costs two_s[k] -
-    one_s[k] more than alone. The costs are fitted to a curve that never falls as the core sleeps longer (a
-    deeper idle state is never quicker to leave), and never below zero.
+    Each probe is read as the model runs it (`wake_readings`); with two threads the sleeper's core has been idle
+    for one launch of the other, one_s[k], and each launch costs two_s[k] - one_s[k] more than alone. The costs
+    are fitted to a curve that never falls as the core sleeps longer (a deeper idle state is never quicker to
+    leave), and never below zero.
     """
-    order = np.argsort(one_s)
-    slept = np.asarray(one_s, dtype=float)[order]
-    extra = np.asarray(two_s, dtype=float)[order] - slept
+    slept, extra = np.array(sorted(wake_readings(2, one_s, two_s)), dtype=float).reshape(-1, 2).T
     fitted = np.maximum(non_decreasing(extra), 0.0)
     return tuple((float(s), float(c)) for s, c in zip(slept, fitted))
+
+
+def wake_readings(threads: int, one_s: Sequence[float], many_s: Sequence[float]) -> list[tuple[float, float]]:
+    """(how long the sleeper's core idled, what its wake-up cost) as the model reads `threads` threads launching
+    together, many_s[k] a launch, against one thread's one_s[k] with the same extra hold.
+
+    One thread keeps the GIL and wakes a sleeper at every launch, so each launch costs c = many_s[k] - one_s[k]
+    more than alone; each of the threads-1 sleepers is woken once every threads-1 launches and went back to sleep
+    when last woken, so its core idled (threads-1) many_s[k] - c (one_s[k] with two threads). Not fitted: a
+    reading of probes at one thread count, to set beside the curve that another count calibrated.
+    """
+    return [((threads - 2) * many + one, many - one) for one, many in zip(one_s, many_s)]  # (threads-1) many - c
 
 
 def non_decreasing(values: Sequence[float]) -> list[float]:
