@@ -52,7 +52,7 @@ def test_the_shipped_profile_still_loads_without_them():
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda d: d["gil"].update(contended_launch_s=0), r"gil.contended_launch_s must be a positive number"),
+    (lambda d: d["gil"].update(contended_launch_s=0), r"gil.contended_launch_s must be a finite number above 0"),
     (lambda d: d["gil"].update(threads=0.5), r"gil.threads must be a whole number"),
     (lambda d: d["cpu"].update(core_speed={"x": 1.0}), r"cpu.core_speed"),
     (lambda d: d["cpu"].update(core_speed={"2": 0.9}), r"no speed for 1 busy core"),
