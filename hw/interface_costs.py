@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import platform
 import sys
 from pathlib import Path
@@ -17,9 +16,8 @@ import torch
 
 from hw.gil import gil_costs
 from hw.hogwild import cpu_costs, machine
-from parsim.files import write_atomic
 from parsim.scenarios.interfaces import HOGWILD_MODEL
-from parsim.profile import Profile, save_profile
+from parsim.profile import Profile, samples_path, save_profile
 
 QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "launches": 200, "rounds": 2}  # --cpu
 FULL = {"spec": HOGWILD_MODEL, "duration_s": 1.0, "stream_bytes": 64 << 20, "launches": 2000, "rounds": 5}
@@ -39,9 +37,8 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     profile = dataclasses.replace(base, gil=gil, cpu=cpu)
     meta = {"command": command, "date": now, "torch": torch.__version__, "python": platform.python_version(),
             "device": name, "machine_before": before, "machine_after": machine()}
-    samples = out.with_name(out.stem + ".samples.json")
-    write_atomic(samples, json.dumps({"meta": meta, "gil": gil_raw, "cpu": cpu_raw}, indent=2) + "\n")
-    save_profile(profile, out)
+    samples = samples_path(out)
+    save_profile(profile, out, {"meta": meta, "gil": gil_raw, "cpu": cpu_raw})
     print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {gil.contended_launch_s * 1e6:.2f} us per "
           f"launch with {gil.threads} threads; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
           + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else ""))
