@@ -419,7 +419,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where unmeasured parts come from (default: shipped profile)")
     p.add_argument("--hidden", type=flags.whole_list(), default="256,1024,2048,4096",
                    help="hidden sizes to cost, each also fitted alone (default 256,1024,2048,4096)")
-    p.add_argument("--gpus", type=flags.positive_int, help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
+    p.add_argument("--gpus", type=flags.positive_int,
+                   help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
                                             "processes talking over gloo, for tests)")
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
                                                        "its shapes at 4-256 images, and their host cost (~20 s more)")

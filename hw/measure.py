@@ -379,7 +379,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo")
     p.add_argument("--timeout", type=flags.seconds, default=120.0, help="seconds any one wait may take (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", type=flags.path, metavar="FILE", help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
+    p.add_argument("--trace", type=flags.path, metavar="FILE",
+                   help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
                                                   "FILE's stem + .rankR for the others")
 
 

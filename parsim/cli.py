@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from parsim import flags
-from parsim.errors import ParsimError
+from parsim.errors import ParsimError, one_line
 from parsim.files import Outputs, json_text
 from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.sim.machine import gc_paused
@@ -29,6 +29,7 @@ from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balan
 _positive_int = flags.positive_int
 _int_list = flags.whole_list()
 _layers = flags.whole(1, MAX_LAYERS)
+MAX_JOBS = 1024  # --jobs: processes; more than any machine's cores
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -40,8 +41,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
                                                        "64-512 channels on 56x56 to 7x7 maps")
     g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
-    g.add_argument("--model", type=flags.path, metavar="FILE|NAME", help="a model JSON file, a Hugging Face config.json or a preset "
-                                                        f"({', '.join(PRESETS)}) instead of the flags above")
+    g.add_argument("--model", type=flags.path, metavar="FILE|NAME",
+                   help=f"a model JSON file, a Hugging Face config.json or a preset ({', '.join(PRESETS)}) instead of "
+                        "the flags above")
     g.add_argument("--seq-len", type=_positive_int, metavar="N", help="tokens per sequence, with a transformer --model")
     g.add_argument("--global-batch", type=_positive_int, metavar="B",
                    help="sequences per step, all micro-batches and replicas, with a transformer --model")
@@ -114,7 +116,7 @@ class OneLineErrors(argparse.ArgumentParser):
     """Bad flags get one line and exit status 2, not a usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 QUESTIONS = {  # each command's --help opens with what it answers
@@ -145,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="stages per GPU, for interleaved-1f1b (default 2)")
     _add_model_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--trace", type=flags.path, metavar="FILE", help="write the timeline as a Chrome/Perfetto trace (JSON)")
+    p.add_argument("--trace", type=flags.path, metavar="FILE",
+                   help="write the timeline as a Chrome/Perfetto trace (JSON)")
     p.add_argument("--plot", type=flags.path, metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
 
     s = _command(sub, "sweep")
@@ -187,7 +190,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="redo the predictions from this profile instead of the CSV's")
     c.add_argument("--runtime", type=runtime_name, metavar="NAME",
                    help="redo the predictions as run by this runtime (default: each row's `runtime` column, else hw)")
-    c.add_argument("--timeline", type=flags.path, metavar="TRACE", help="a `hw measure --trace` file to lay over the simulated step")
+    c.add_argument("--timeline", type=flags.path, metavar="TRACE",
+                   help="a `hw measure --trace` file to lay over the simulated step")
     c.add_argument("--point", metavar="SCHEDULE,GPUS,M,SPEC", help="the measured point of --timeline, e.g. "
                    "1f1b,2,8,16x2048x8192 or gpipe,2,8,conv:256 (SPEC as in `hw validate --models`)")
     c.add_argument("--gpu", type=flags.whole(0), default=0, help="the rank the trace is of (default 0)")
@@ -195,7 +199,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 MAX_ACTIONS = 20_000_000  # about three minutes of simulation at ~100k actions/s
-MAX_JOBS = 1024  # --jobs: processes; more than any machine's cores
 
 
 def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule: str,
@@ -406,12 +409,14 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
     stdout is flushed here, so that a full device (`> /dev/full`) is one line and exit 2 too; a reader that
     leaves (`| head`) ends the command quietly with 141, as a shell tool's SIGPIPE does.
     """
+    if hasattr(sys.stdout, "reconfigure"):  # a name given in bytes that are not UTF-8 is echoed as those bytes
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         status = command(args)
         sys.stdout.flush()
         return status
     except ParsimError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

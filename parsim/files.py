@@ -195,8 +195,3 @@ def png_bytes(fig) -> bytes:
     finally:
         plt.close(fig)
     return buf.getvalue()
-
-
-def write_png(fig, path: str | os.PathLike) -> None:
-    """Lay out a matplotlib figure, write it as a PNG atomically, and close it."""
-    write_atomic(path, png_bytes(fig))

@@ -133,7 +133,8 @@ def load_json(path: str | os.PathLike, what: str, error: type[ParsimError] = Par
 
 def shown(value: Any) -> str:
     """A value as an error message shows it: its repr, cut short."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+    big = isinstance(value, int) and abs(value) >= 10**30
+    text = f"a {len(str(abs(value)))}-digit number" if big else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

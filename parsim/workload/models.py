@@ -173,7 +173,8 @@ def model_label(model: Model) -> str:
 
 def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_bytes: int = 2) -> Model:
     """The default model: `layers` identical MLP blocks."""
-    for name, value, most in (("layers", layers, MAX_LAYERS), ("hidden", hidden, MAX_SIZE), ("tokens", tokens, MAX_SIZE)):
+    for name, value, most in (("layers", layers, MAX_LAYERS), ("hidden", hidden, MAX_SIZE),
+                              ("tokens", tokens, MAX_SIZE)):
         whole(value, f"--{name}", 1, most, ModelError)
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 

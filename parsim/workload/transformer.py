@@ -45,7 +45,8 @@ class TransformerShape:
                  "head_dim": self.head_dim, "vocab": self.vocab, "seq": self.seq, "dtype_bytes": self.dtype_bytes}
         bad = [f"{k} {shown(v)}" for k, v in sizes.items()
                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SIZE]
-        if isinstance(self.positions, bool) or not isinstance(self.positions, int) or not 0 <= self.positions <= MAX_SIZE:
+        positions = self.positions
+        if isinstance(positions, bool) or not isinstance(positions, int) or not 0 <= positions <= MAX_SIZE:
             bad.append(f"positions {shown(self.positions)}")
         if bad:
             raise ModelError(f"a transformer needs whole sizes >= 1 and <= {MAX_SIZE:,}, got {', '.join(bad)}")
