@@ -386,9 +386,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """What can be refused before any work (the flags' ranges are their types'); the rank traces' paths, checked."""
+    check_runs(args.runtime, args.data_parallel, args.copy_streams)
     if args.cpu and args.copy_streams:
         raise ParsimError("--copy-streams posts messages on a dedicated CUDA stream: GPU only, not with --cpu")
-    check_runs(args.runtime, args.data_parallel, args.copy_streams)
     if not args.cpu:
         require_gpus(args.gpus)
     traces = [trace_path(args.trace, r) for r in range(args.gpus)] if args.trace else []
