@@ -16,6 +16,7 @@ from clirun import refused, run
 
 from parsim.cli import main
 from parsim.profile import load_profile
+from parsim.runtimes import RUNTIMES
 
 FIXTURE = Path(__file__).parent / "data" / "results-fixture.csv"
 SMALL = ["--gpus", "2", "--layers", "2", "--hidden", "64", "--tokens", "64", "--microbatches", "2"]
@@ -367,3 +368,13 @@ def test_the_good_files_of_these_cases_run(scratch, capsys):
                                   "--profile", "profile.json", "--schedule", "s.csv", "--json"], capsys)
     assert status == 0, err
     assert json.loads(out)["step_time_s"] > 0
+
+
+# --- found by the argument-list fuzzing (test_hostile_properties.py) -------------------------------------------------
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_every_runtime_plots_its_timeline(scratch, capsys, runtime):
+    """torch's runtime adds ops of its own, labelled by name: the Gantt chart labelled every op by micro-batch."""
+    gpus = ["--gpus", "1", "--microbatches", "1"] if runtime == "graphs-step" else SMALL[:2]
+    status, _, err = run(main, ["predict", *gpus, "--runtime", runtime, "--plot", "g.png"], capsys)
+    assert status == 0, err
+    assert (scratch / "g.png").read_bytes()[:4] == b"\x89PNG"

@@ -48,8 +48,8 @@ def gantt_png(sim: Simulation, title: str = "") -> bytes:
             ax.broken_barh([(s * 1e3, d * 1e3) for s, d in spans], (y - 0.4, 0.8),
                            facecolors=COLOURS.get(key, "tab:red"), edgecolors="white", linewidth=0.3)
     if len(sim.ops) <= LABEL_LIMIT:
-        for op in sim.ops:
-            if op.category != "comm":
+        for op in sim.ops:  # a runtime's own ops (a step's bookkeeping) are labelled by name, not by a micro-batch
+            if op.category != "comm" and hasattr(op.label, "microbatch"):
                 y = list(rows).index(op.track)
                 ax.text((op.start_s + op.end_s) / 2 * 1e3, y, str(op.label.microbatch),
                         ha="center", va="center", fontsize=6, color="white")
