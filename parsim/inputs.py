@@ -28,12 +28,16 @@ MAX_LAYERS = 10**8  # layers in one model: each is an object in memory
 
 
 def path_text(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError) -> str:
-    """`path` as a string, refusing an empty one (which would mean the current folder) and a NUL byte."""
+    """`path` as a string, refusing an empty one (which would mean the current folder) and one no file system takes
+    (a NUL byte, a character with no bytes)."""
     text = os.fspath(path)
     if not text:
         raise error(f"{what}: the path is empty")
-    if "\0" in text:
-        raise error(f"{what}: the path holds a NUL byte")
+    try:
+        if b"\0" in os.fsencode(text):
+            raise error(f"{what}: the path holds a NUL byte")
+    except UnicodeEncodeError:
+        raise error(f"{what}: {text!r} cannot be a file name") from None
     return text
 
 
@@ -41,7 +45,7 @@ def file_kind(mode: int) -> str:
     """What a file of this st_mode is, in words."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def read_bytes(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError,
