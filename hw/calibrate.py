@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -35,10 +34,11 @@ from tqdm import tqdm
 from hw.models import LAYER_KINDS
 from hw.opcosts import gpu_time_s, measure_all, median_s, sync
 from hw.workers import host_pinned, local_rank
+from parsim import flags
 from parsim.errors import ParsimError
-from parsim.files import write_atomic
+from parsim.files import check_output
 from parsim.profile import (AUTOGRAD_ACCUMULATE, CollectiveSpec, HostCosts, KernelCost, LayerCosts, LinkSpec,
-                            OpCost, Profile, RuntimeCosts, load_profile, save_profile)
+                            OpCost, Profile, RuntimeCosts, load_profile, samples_path, save_profile)
 from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
@@ -426,13 +426,16 @@ TRANSFORMERS = "llama-3.2-1b:2:2048,llama-3-8b:1:4096"  # --transformer's defaul
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="profile.json", metavar="FILE", help="profile to write (default profile.json)")
+    p.add_argument("--out", type=flags.path, default="profile.json", metavar="FILE",
+                   help="profile to write (default profile.json)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.add_argument("--base", metavar="PROFILE", help="where unmeasured parts come from (default: shipped profile)")
-    p.add_argument("--hidden", default="256,512,1024,2048,4096",
+    p.add_argument("--base", type=flags.path, metavar="PROFILE",
+                   help="where unmeasured parts come from (default: shipped profile)")
+    p.add_argument("--hidden", type=flags.whole_list(), default="256,512,1024,2048,4096",
                    help="hidden sizes to cost, each also fitted alone; a width between two of them is priced by "
                         "blending theirs (default 256,512,1024,2048,4096)")
-    p.add_argument("--gpus", type=int, help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
+    p.add_argument("--gpus", type=flags.positive_int,
+                   help="GPUs for the GPU-GPU links (default: all visible; with --cpu, "
                                             "processes talking over gloo, for tests)")
     p.add_argument("--conv", action="store_true", help="also cost the conv net's layers (`parsim --conv`): each of "
                                                        "its shapes at 4-256 images, and their host cost (~20 s more)")
@@ -452,11 +455,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = check_output(args.out, "--out")
+    check_output(samples_path(out), "the samples beside --out")
     if out.exists() and not args.force:
         raise ParsimError(f"{out} exists; pass --force to overwrite it, or choose another --out")
-    if not out.parent.is_dir():
-        raise ParsimError(f"cannot write {out}: folder {out.parent} does not exist")
     if args.interfaces:
         from hw.interface_costs import calibrate_interfaces
 
@@ -465,11 +467,7 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
     if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower
         torch.set_num_threads(1)
-    try:
-        hidden = [int(h) for h in args.hidden.split(",") if h]
-        assert hidden and min(hidden) > 0
-    except (ValueError, AssertionError):
-        raise ParsimError(f"--hidden takes positive whole numbers separated by commas, got {args.hidden!r}") from None
+    hidden = args.hidden
     base = load_profile(args.base)
     transformers = None
     if args.transformer:
@@ -492,10 +490,8 @@ def main(args: argparse.Namespace) -> int:
     memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
     profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]),
                                   gpu_memory_bytes=memory)
-    samples_path = out.with_name(out.stem + ".samples.json")
-    write_atomic(samples_path, json.dumps({"meta": meta, "samples": samples}, indent=2) + "\n")
-    save_profile(profile, out)
-    _report(fits, out, samples_path)
+    save_profile(profile, out, {"meta": meta, "samples": samples})
+    _report(fits, out, samples_path(out))
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} "
               + ("applied to their costs" if slow.get("applied", True)

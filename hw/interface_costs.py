@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import platform
 import sys
 from pathlib import Path
@@ -17,9 +16,8 @@ import torch
 
 from hw.gil import CROWD_HOLDS_S, HOLDS_S, gil_costs
 from hw.hogwild import cpu_costs, machine
-from parsim.files import write_atomic
 from parsim.scenarios.interfaces import HOGWILD_MODEL
-from parsim.profile import GilCosts, Profile, save_profile
+from parsim.profile import GilCosts, Profile, samples_path, save_profile
 from parsim.sim.gil import wake_cost
 
 QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
@@ -43,9 +41,8 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     profile = dataclasses.replace(base, gil=gil, cpu=cpu)
     meta = {"command": command, "date": now, "torch": torch.__version__, "python": platform.python_version(),
             "device": name, "machine_before": before, "machine_after": machine()}
-    samples = out.with_name(out.stem + ".samples.json")
-    write_atomic(samples, json.dumps({"meta": meta, "gil": gil_raw, "cpu": cpu_raw}, indent=2) + "\n")
-    save_profile(profile, out)
+    samples = samples_path(out)
+    save_profile(profile, out, {"meta": meta, "gil": gil_raw, "cpu": cpu_raw})
     released = "not timed" if gil.released_s is None else f"{gil.released_s * 1e6:.2f} us of it without the GIL"
     print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {released}; waking a thread whose core slept "
           + ", ".join(f"{s * 1e6:.0f} us: {c * 1e6:.1f} us" for s, c in gil.wake)

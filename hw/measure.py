@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import math
 import os
 import signal
@@ -32,9 +31,10 @@ from tqdm import tqdm
 from hw.executor import Groups, replica_batch
 from hw.runners import check_runs, job_groups, pins_host, runner_factory
 from hw.workers import host_pinned, kill_point, local_rank, release_unused, require_gpus, spawn
+from parsim import flags
 from parsim.budget import check_cpu_run
 from parsim.errors import ParsimError
-from parsim.files import write_atomic
+from parsim.files import check_output, json_text, write_atomic
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe, schedule_name
 from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, split_model
 from parsim.profile import load_profile
@@ -52,6 +52,7 @@ class Config:
     warmup: int
     dtype: str
     trace: str | None = None
+    trace_token: str = ""  # each rank writes its trace to staged_trace(..., token) until the run has succeeded
 
 
 class ActionTimer:
@@ -241,7 +242,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
         stepped()
         config = stepper.job.config
         if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
-            _profile_one_step(stepper, device, trace_path(config.trace, rank))
+            _profile_one_step(stepper, device, trace_path(config.trace, rank), config.trace_token)
             stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
         out.append({"times": times[k], "per_op": per_op,
@@ -309,17 +310,33 @@ def trace_path(path: str, rank: int) -> str:
     return f"{base}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
-def _profile_one_step(one_step, device: torch.device, path: str) -> None:
-    """A torch.profiler Chrome trace of one more step, written atomically."""
+def staged_trace(path: str, token: str) -> str:
+    """Where a rank writes its trace until the whole run has succeeded: a hidden file beside it."""
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/" * bool(folder) + f".{name[:64]}.{token}.tmp"
+
+
+def keep_traces(paths: list[str], token: str, keep: bool) -> None:
+    """Move every rank's staged trace into place (`keep`), or remove them all: a failed run leaves none."""
+    for path in paths:
+        staged = staged_trace(path, token)
+        if os.path.exists(staged):
+            os.replace(staged, path) if keep else os.unlink(staged)
+
+
+def _profile_one_step(one_step, device: torch.device, path: str, token: str = "") -> None:
+    """A torch.profiler Chrome trace of one more step, written to staged_trace (moved into place by keep_traces),
+    or without a token, atomically into place."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         one_step()
         _sync(device)
-    tmp = f"{path}.{os.getpid()}.tmp.json"
+    tmp = staged_trace(path, token or str(os.getpid()))
     prof.export_chrome_trace(tmp)
-    os.replace(tmp, path)
+    if not token:
+        os.replace(tmp, path)
 
 
 def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[dict | None]]:
@@ -400,41 +417,46 @@ PINNING_NOTE = ("hw's runner is timed with its host thread pinned to a core (HW_
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
                    help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
-    p.add_argument("--gpus", type=int, default=4, help="pipeline ranks, one GPU each (default 4)")
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--virtual-stages", type=int, metavar="V", help="for interleaved-1f1b (default 2)")
+    p.add_argument("--gpus", type=flags.positive_int, default=4, help="pipeline ranks, one GPU each (default 4)")
+    p.add_argument("--microbatches", type=flags.positive_int, default=8)
+    p.add_argument("--virtual-stages", type=flags.positive_int, metavar="V", help="for interleaved-1f1b (default 2)")
     p.add_argument("--copy-streams", action="store_true",
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
-    p.add_argument("--data-parallel", type=int, default=1, metavar="D",
+    p.add_argument("--data-parallel", type=flags.positive_int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
     add_runtime_arg(p, PINNING_NOTE)
     add_model_args(p)
     add_partition_args(p)
-    p.add_argument("--profile", metavar="FILE", help="the profile --partition time balances by, as `parsim predict "
+    p.add_argument("--profile", type=flags.path, metavar="FILE",
+                   help="the profile --partition time balances by, as `parsim predict "
                                                     "--partition time` does (default: the shipped one)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--steps", type=flags.positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=flags.whole(0), default=3, help="untimed steps first (default 3)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on GPUs, fp32 on the CPU")
     p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
+    p.add_argument("--timeout", type=flags.seconds, default=120.0, help="seconds any one wait may take (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", metavar="FILE", help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
+    p.add_argument("--trace", type=flags.path, metavar="FILE",
+                   help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
                                                   "FILE's stem + .rankR for the others")
 
 
-def _check(args: argparse.Namespace) -> None:
-    for flag in ("gpus", "microbatches", "steps", "data_parallel"):
-        if getattr(args, flag) < 1:
-            raise ParsimError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    if args.warmup < 0 or not args.timeout > 0:
-        raise ParsimError("--warmup must be >= 0 and --timeout > 0")
+def _check(args: argparse.Namespace) -> list[str]:
+    """What can be refused before any work (the flags' ranges are their types'); the rank traces' paths, checked."""
     check_runs(args.runtime, args.data_parallel, args.copy_streams)
+    if args.cpu and args.copy_streams:
+        raise ParsimError("--copy-streams posts messages on a dedicated CUDA stream: GPU only, not with --cpu")
     if not args.cpu:
         require_gpus(args.gpus)
+    traces = [trace_path(args.trace, r) for r in range(args.gpus)] if args.trace else []
+    for path in traces:
+        check_output(path, "--trace")
+    return traces
 
 
 def main(args: argparse.Namespace) -> int:
-    _check(args)
+    traces = _check(args)
+    given = load_profile(args.profile) if args.profile else None  # a bad --profile fails now, used or not
     model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
@@ -446,15 +468,22 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
     microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
     validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
-    profile = runtime.costs(load_profile(args.profile)) if args.partition == "time" else None
+    profile = runtime.costs(given or load_profile()) if args.partition == "time" else None
     model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     if args.cpu:  # refused at once where even a CPU at its peak could not finish in time
         check_cpu_run(model, dtype, steps_per_job(args.steps, args.warmup, args.trace), 2, args.timeout,
                       deadline_s(args.timeout, 2), args.gpus > 1)
-    report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace),
-                 "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
-    print(json.dumps(report, indent=2) if args.json else _text(report))
+    token = str(os.getpid())
+    try:
+        report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace, token),
+                     "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
+    except BaseException:
+        keep_traces(traces, token, keep=False)
+        raise
+    text = json_text(report, indent=2) if args.json else _text(report)
+    keep_traces(traces, token, keep=True)
+    print(text)
     return 0
 
 
@@ -479,4 +508,4 @@ def _text(r: dict) -> str:
 
 
 def write_report(report: dict, path: str) -> None:
-    write_atomic(path, json.dumps(report, indent=2) + "\n")
+    write_atomic(path, json_text(report, indent=2) + "\n")

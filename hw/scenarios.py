@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -19,8 +18,9 @@ import torch
 from hw.measure import Config, Job, measure_jobs
 from hw.opcosts import sync
 from hw.workers import require_gpus
+from parsim import flags
 from parsim.errors import ParsimError
-from parsim.files import write_atomic
+from parsim.files import Outputs, json_text, nonfinite_to_null
 from parsim.scenarios import COPY_PLACEMENTS, PIPELINE_SCENARIOS, PipelineScenario, copy_figures
 from parsim.schedules import build
 
@@ -172,14 +172,30 @@ ON_ANY_MACHINE = ("data-parallel", "hogwild")  # they run on the CPU where no GP
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted([*MEASURE, *PIPELINE_SCENARIOS]))
     parser.add_argument("--cpu", action="store_true", help="run on the CPU at tiny sizes (a smoke test)")
-    parser.add_argument("--out", metavar="FILE", help="also write the result as JSON")
-    parser.add_argument("--profile", metavar="FILE", help="profile for the prediction shown beside it")
+    parser.add_argument("--out", type=flags.path, metavar="FILE", help="also write the result as JSON")
+    parser.add_argument("--profile", type=flags.path, metavar="FILE", help="profile for the prediction shown beside it")
 
 
 def main(args: argparse.Namespace) -> int:
+    from parsim.profile import load_profile
+
+    if args.cpu and args.profile:
+        raise ParsimError("--profile is for the prediction shown beside a full-size run; --cpu makes none")
+    profile = load_profile(args.profile) if args.profile else None  # a bad one fails now, not after the run
     gpu = torch.cuda.is_available()
     if not args.cpu and not gpu and args.name not in ON_ANY_MACHINE:
         raise ParsimError("no CUDA GPU is visible; run on a GPU machine, or pass --cpu for a smoke test")
+    with Outputs() as outputs:
+        out = outputs.add(args.out, "--out")
+        text = json_text(nonfinite_to_null(_result(args, gpu, profile)), indent=2)  # a failed timing: null
+        if out:
+            outputs.write(out, text + "\n")
+        print(text)
+    return 0
+
+
+def _result(args: argparse.Namespace, gpu: bool, profile) -> dict:
+    """The scenario measured here, with parsim's prediction of it beside (not with --cpu)."""
     device = torch.device("cuda", 0) if gpu and not args.cpu and args.name != "hogwild" else torch.device("cpu")
     raw = None
     if args.name in PIPELINE_SCENARIOS:
@@ -194,25 +210,21 @@ def main(args: argparse.Namespace) -> int:
     if raw is not None:
         result |= {"command": "python -m hw " + " ".join(sys.argv[1:]), "raw": raw}
     if not args.cpu:
-        result["predicted"] = _predicted(args.name, args.profile)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        write_atomic(args.out, text + "\n")
-    print(text)
-    return 0
+        result["predicted"] = _predicted(args.name, profile)
+    return result
 
 
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
-def _predicted(name: str, profile_path: str | None) -> dict | str:
-    """parsim's figures for the same scenario, or why there are none."""
+def _predicted(name: str, profile) -> dict | str:
+    """parsim's figures for the same scenario from `profile` (None: the shipped one), or why there are none."""
     from parsim.errors import ProfileError
     from parsim.profile import load_profile
     from parsim.scenarios import SCENARIOS
 
     try:
-        return SCENARIOS[name](load_profile(profile_path)).figures
+        return SCENARIOS[name](profile or load_profile()).figures
     except ProfileError as e:
         return f"no prediction: {e}"

@@ -11,6 +11,7 @@ The cost of posting a message takes two ranks: with 2+ GPUs it is timed around t
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -18,7 +19,7 @@ import torch
 
 from hw.calibrate import Fit, host_stage
 from hw.host_steps import TORCH_CHECKED as CHECKED, TORCH_FITTED as FITTED, fit_loop, quality
-from parsim.profile import RuntimeCosts
+from parsim.profile import SCALES, RuntimeCosts
 from parsim.runtimes.torch_pipelining import CLASSES, TORCH, TORCH_VERSION
 
 
@@ -28,9 +29,13 @@ def runtime_costs(rows: list[dict], p2p_s: float, p2p_measured: bool) -> tuple[R
     hw_params, hw_fit = fit_loop([r for r in rows if r["runtime"] == "hw"])
     check = quality(torch_params, [r for r in rows if r["schedule"] == CHECKED])
     step_s, action_s, per_layer_s = (float(v) for v in torch_params)
-    layer_host = per_layer_s / float(hw_params[2])
+    ratio = per_layer_s / float(hw_params[2]) if hw_params[2] > 0 else math.inf
+    # hw's per-layer slope fitted at (nearly) 0, as on a busy CPU: no ratio to take (it came out 1.6e13 once), so
+    # hw's runner's, listed as unmeasured, rather than a profile parsim refuses (parsim.profile.SCALES)
+    unmeasured_host = () if ratio <= SCALES[1] else ("layer_host",)
+    layer_host = 1.0 if unmeasured_host else ratio
     costs = RuntimeCosts(action_s, p2p_s, layer_host, 1.0, step_s,
-                         ("gpu_scale",) + (() if p2p_measured else ("p2p_s",)))
+                         ("gpu_scale",) + unmeasured_host + (() if p2p_measured else ("p2p_s",)))
     fits = {"host torch": torch_fit, f"host torch {CHECKED} (check)": check, "host hw in turns": hw_fit}
     provenance = {"torch": torch.__version__, "modelled": TORCH_VERSION, "classes": {n: CLASSES[n] for n in FITTED},
                   "checked_on": CLASSES[CHECKED], "step_s": step_s, "action_s": action_s,

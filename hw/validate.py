@@ -8,9 +8,9 @@ The CSV is what `python -m parsim compare --measured FILE` reads to print the er
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
-import json
 import statistics
 import subprocess
 import sys
@@ -22,9 +22,10 @@ from hw.runners import RUNNERS, check_runs
 from hw.teardown import child_env
 from hw.workers import require_gpus
 from parsim.compare import COLUMNS, compare
+from parsim import flags
 from parsim.budget import check_cpu_run
 from parsim.errors import ParsimError
-from parsim.files import write_atomic
+from parsim.files import check_output, json_text, write_atomic
 from parsim.interrupts import Stopped, note
 from parsim.hostprobe import probe as host_probe
 from parsim.sim.predict import predict
@@ -32,16 +33,6 @@ from parsim.profile import load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise ParsimError(f"{flag} takes whole numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ParsimError(f"{flag} needs whole numbers >= 1, got {text!r}")
-    return values
 
 
 def _models(text: str) -> list[Model]:
@@ -53,8 +44,8 @@ def _models(text: str) -> list[Model]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", default="2,4", help="GPU counts, comma-separated (default 2,4)")
-    p.add_argument("--data-parallel", default="1", metavar="D,...",
+    p.add_argument("--gpus", type=flags.whole_list(), default="2,4", help="GPU counts, comma-separated (default 2,4)")
+    p.add_argument("--data-parallel", type=flags.whole_list(), default="1", metavar="D,...",
                    help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
     p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
     p.add_argument("--runtimes", default="hw", metavar="NAME,...",
@@ -62,27 +53,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "measured under each, in turns (a step of each per round), and predicted as that runtime runs "
                         "it; hw's runner is timed with its host thread pinned, the others unpinned (default hw)")
     p.add_argument("--schedules", default="gpipe,1f1b")
-    p.add_argument("--microbatches", default="1,2,4,8,16,32")
+    p.add_argument("--microbatches", type=flags.whole_list(), default="1,2,4,8,16,32")
     p.add_argument("--models", default="16x2048x8192,8x256x1024",
                    help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
                         "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a transformer: "
                         "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or PRESET:BATCH:SEQ (default: a "
                         "compute-bound and a dispatch-bound MLP stack)")
-    p.add_argument("--profile", metavar="FILE", help="use this profile instead of calibrating first")
-    p.add_argument("--out", default="validation", metavar="DIR", help="folder for the CSV, profile and plots")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile", type=flags.path, metavar="FILE", help="use this profile instead of calibrating first")
+    p.add_argument("--out", type=flags.path, default="validation", metavar="DIR",
+                   help="folder for the CSV, profile and plots")
+    p.add_argument("--steps", type=flags.positive_int, default=10)
+    p.add_argument("--warmup", type=flags.whole(0), default=3)
     p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests)")
-    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--timeout", type=flags.seconds, default=120.0)
 
 
-def _profile(args: argparse.Namespace, out: Path, conv: bool = False, transformers: list[str] = (),
+def _profile(args: argparse.Namespace, out: Path, given, conv: bool = False, transformers: list[str] = (),
              runtimes: tuple[str, ...] = ()):
-    """--profile's, or a fresh calibration's (with the conv layers' costs if a model is a conv net, the transformer
-    layers' of the transformers' specs, and the host costs of each runtime other than hw's); one clear error if it
-    lacks a runtime's costs."""
-    if args.profile:
-        profile, path = load_profile(args.profile), args.profile
+    """--profile's (`given`, loaded), or a fresh calibration's (with the conv layers' costs if a model is a conv net,
+    the transformer layers' of the transformers' specs, and the host costs of each runtime other than hw's); one
+    clear error if it lacks a runtime's costs."""
+    if given is not None:
+        profile, path = given, args.profile
     else:
         path = out / "profile.json"
         others = [r for r in runtimes if r in RUNTIME_COSTS]  # those with costs of their own to measure
@@ -184,9 +176,32 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def _out_folder(text: str) -> tuple[Path, bool]:
+    """--out, checked before any work: an existing, writable folder, or one that can be made (in an existing,
+    writable folder); whether it is new. What validate writes there must not be a folder already."""
+    out = Path(text)
+    if not out.exists():
+        check_output(out, "--out")  # its parent: there and writable
+        return out, True
+    if not out.is_dir():
+        raise ParsimError(f"--out {out} exists and is not a folder")
+    for name in OUTPUT_NAMES:
+        check_output(out / name, "--out's")
+    return out, False
+
+
+def _remove_if_empty(out: Path) -> None:
+    """The --out folder this run made, removed where a failure left it empty."""
+    with contextlib.suppress(OSError):
+        out.rmdir()
+
+
+OUTPUT_NAMES = ("results.csv", "summary.json", "profile.json", "profile.samples.json", "results-step-times.png",
+                "results-speedups.png")
+
+
 def main(args: argparse.Namespace) -> int:
-    gpus, mbs = _ints(args.gpus, "--gpus"), _ints(args.microbatches, "--microbatches")
-    replicas = _ints(args.data_parallel, "--data-parallel")
+    gpus, mbs, replicas = args.gpus, args.microbatches, args.data_parallel
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     if not schedules:
         raise ParsimError(f"--schedules names none; choose from {', '.join(sorted(SCHEDULES))} or torch:CLASS")
@@ -198,6 +213,7 @@ def main(args: argparse.Namespace) -> int:
     runtimes = _runtimes(args.runtimes)
     if not args.cpu:
         require_gpus(max(gpus))
+    given = load_profile(args.profile) if args.profile else None
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
@@ -211,10 +227,25 @@ def main(args: argparse.Namespace) -> int:
     if args.cpu:  # refused at once, before calibrating, where even a CPU at its peak could not finish in time
         for model, turns in grid:
             _check_cpu_grid(model, turns, args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, new = _out_folder(args.out)
+    if new:
+        try:
+            out.mkdir()
+        except OSError as e:
+            raise ParsimError(f"cannot make --out {out}: {e.strerror or e}") from None
+    try:
+        return _validate(args, out, given, models, runtimes, grid, device, config)
+    except BaseException:
+        if new:
+            _remove_if_empty(out)
+        raise
+
+
+def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], runtimes: tuple[str, ...],
+              grid: list, device: str, config: Config) -> int:
+    """The grid measured, predicted and compared, into `out`."""
     transformers = [model_spec(m) for m in models if m.transformer is not None]
-    profile, profile_path = _profile(args, out, any(m.layers[0].kind in ("conv", "down") for m in models),
+    profile, profile_path = _profile(args, out, given, any(m.layers[0].kind in ("conv", "down") for m in models),
                                      transformers, runtimes)
     csv_path, rows = out / "results.csv", []
     for model, turns in grid:  # one process group per model; the CSV grows after each
@@ -232,5 +263,5 @@ def main(args: argparse.Namespace) -> int:
     table, plots = compare(csv_path, out, host_profile=profile)
     print(table)
     print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
-    write_atomic(out / "summary.json", json.dumps({"points": len(rows), "profile": profile_path}, indent=2) + "\n")
+    write_atomic(out / "summary.json", json_text({"points": len(rows), "profile": profile_path}, indent=2) + "\n")
     return 0

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
+import errno
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from parsim import progress
+from parsim import flags, progress
 from parsim.budget import check_actions
-from parsim.errors import ParsimError
+from parsim.errors import ParsimError, one_line
+from parsim.files import Outputs, json_text
+from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.interrupts import Stopped, describe, stopping
 from parsim.progress import Progress
 from parsim.sim.machine import gc_paused
@@ -27,31 +29,24 @@ from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balan
                              model_from_spec, named_model, partitioned)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    return [_positive_int(t) for t in text.split(",") if t]
+_positive_int = flags.positive_int
+_int_list = flags.whole_list()
+_layers = flags.whole(1, MAX_LAYERS)
+MAX_JOBS = 1024  # --jobs: processes; more than any machine's cores
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The model flags, shared with `python -m hw measure` so both halves build the same model."""
     g = p.add_argument_group("model (default: 16 MLP blocks; parsim and hw build the same model from these flags)")
-    g.add_argument("--layers", type=_positive_int, help="MLP blocks (default 16)")
+    g.add_argument("--layers", type=_layers, help="MLP blocks (default 16)")
     g.add_argument("--hidden", type=_positive_int, help="hidden size (default 2048)")
     g.add_argument("--tokens", type=_positive_int, help="tokens per step, all micro-batches (default 8192)")
     g.add_argument("--conv", action="store_true", help="the ResNet-34-like conv net instead: 16 residual blocks, "
                                                        "64-512 channels on 56x56 to 7x7 maps")
     g.add_argument("--images", type=_positive_int, help="images per step, all micro-batches, with --conv (default 256)")
-    g.add_argument("--model", metavar="FILE|NAME", help="a model JSON file, a Hugging Face config.json or a preset "
-                                                        f"({', '.join(PRESETS)}) instead of the flags above")
+    g.add_argument("--model", type=flags.path, metavar="FILE|NAME",
+                   help=f"a model JSON file, a Hugging Face config.json or a preset ({', '.join(PRESETS)}) instead of "
+                        "the flags above")
     g.add_argument("--seq-len", type=_positive_int, metavar="N", help="tokens per sequence, with a transformer --model")
     g.add_argument("--global-batch", type=_positive_int, metavar="B",
                    help="sequences per step, all micro-batches and replicas, with a transformer --model")
@@ -73,7 +68,8 @@ def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None
 def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: str | None = DEFAULT_RUNTIME) -> None:
     add_model_args(p)
     add_partition_args(p, balance)
-    p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped, measured one)")
+    p.add_argument("--profile", type=flags.path, metavar="FILE",
+                   help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
     add_runtime_arg(p, default=runtime)
@@ -123,7 +119,7 @@ class OneLineErrors(argparse.ArgumentParser):
     """Bad flags get one line and exit status 2, not a usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 QUESTIONS = {  # each command's --help opens with what it answers
@@ -154,8 +150,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="stages per GPU, for interleaved-1f1b (default 2)")
     _add_model_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--trace", metavar="FILE", help="write the timeline as a Chrome/Perfetto trace (JSON)")
-    p.add_argument("--plot", metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
+    p.add_argument("--trace", type=flags.path, metavar="FILE",
+                   help="write the timeline as a Chrome/Perfetto trace (JSON)")
+    p.add_argument("--plot", type=flags.path, metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
 
     s = _command(sub, "sweep")
     s.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
@@ -169,33 +166,38 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = _command(sub, "plan")
     pl.add_argument("--gpus", type=_positive_int, default=4)
-    pl.add_argument("--memory-limit", type=float, metavar="GB",
+    pl.add_argument("--memory-limit", type=flags.number(0, 1e9), metavar="GB",
                     help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
     pl.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
                     help="state held per parameter: mixed-precision Adam, or none (weights and gradients, as "
                          "`hw measure` runs; default adam)")
     pl.add_argument("--schedules", help="comma-separated (default: all)")
     pl.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
-    pl.add_argument("--trace", metavar="FILE", help="write the best configuration's timeline (Chrome trace)")
-    pl.add_argument("--jobs", type=_positive_int, metavar="N", help="processes simulating at once (default: all cores)")
+    pl.add_argument("--trace", type=flags.path, metavar="FILE",
+                    help="write the best configuration's timeline (Chrome trace)")
+    pl.add_argument("--jobs", type=flags.whole(1, MAX_JOBS), metavar="N",
+                    help="processes simulating at once (default: all cores)")
     _add_model_args(pl, balance=False, runtime=None)
 
     sc = _command(sub, "scenario")
     sc.add_argument("name", choices=sorted(SCENARIOS))
-    sc.add_argument("--profile", metavar="FILE", help="hardware profile (default: the shipped one)")
+    sc.add_argument("--profile", type=flags.path, metavar="FILE", help="hardware profile (default: the shipped one)")
     add_runtime_arg(sc)
     sc.add_argument("--json", action="store_true")
 
     c = _command(sub, "compare")
-    c.add_argument("--measured", metavar="CSV", help="results written by `python -m hw validate`")
-    c.add_argument("--out", metavar="DIR", help="folder for the plots (default: the CSV's or trace's folder)")
-    c.add_argument("--profile", metavar="FILE", help="redo the predictions from this profile instead of the CSV's")
+    c.add_argument("--measured", type=flags.path, metavar="CSV", help="results written by `python -m hw validate`")
+    c.add_argument("--out", type=flags.path, metavar="DIR",
+                   help="folder for the plots (default: the CSV's or trace's folder)")
+    c.add_argument("--profile", type=flags.path, metavar="FILE",
+                   help="redo the predictions from this profile instead of the CSV's")
     c.add_argument("--runtime", type=runtime_name, metavar="NAME",
                    help="redo the predictions as run by this runtime (default: each row's `runtime` column, else hw)")
-    c.add_argument("--timeline", metavar="TRACE", help="a `hw measure --trace` file to lay over the simulated step")
+    c.add_argument("--timeline", type=flags.path, metavar="TRACE",
+                   help="a `hw measure --trace` file to lay over the simulated step")
     c.add_argument("--point", metavar="SCHEDULE,GPUS,M,SPEC", help="the measured point of --timeline, e.g. "
                    "1f1b,2,8,16x2048x8192 or gpipe,2,8,conv:256 (SPEC as in `hw validate --models`)")
-    c.add_argument("--gpu", type=int, default=0, help="the rank the trace is of (default 0)")
+    c.add_argument("--gpu", type=flags.whole(0), default=0, help="the rank the trace is of (default 0)")
     return parser
 
 
@@ -226,24 +228,32 @@ def runtime_for(args: argparse.Namespace) -> Runtime:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    profile, model = load_profile(args.profile), model_from_args(args)
-    m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
-    if args.trace or args.plot:  # a timeline holds every op: refused past a smaller bound, before anything runs
-        check_actions(args.schedule, args.gpus, m, args.virtual_stages, timeline=True)
-    with Progress("predict"):
-        prediction, sim = _predict(args, profile, model, args.schedule, m)
-        progress.phase("the timeline")
-        if args.trace:
-            from parsim.outputs.trace import write_trace
+    with Outputs() as outputs:  # both files or neither, checked before the work
+        trace, plot = outputs.add(args.trace, "--trace"), outputs.add(args.plot, "--plot")
+        profile, model = load_profile(args.profile), model_from_args(args)
+        m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
+        if trace or plot:  # a timeline holds every op: refused past a smaller bound, before anything runs
+            check_actions(args.schedule, args.gpus, m, args.virtual_stages, timeline=True)
+        with Progress("predict"):
+            prediction, sim = _predict(args, profile, model, args.schedule, m)
+            progress.phase("the timeline")
+            if trace:
+                from parsim.outputs.trace import trace_json
 
-            write_trace(sim, args.trace)
-        if args.plot:
-            from parsim.outputs.plot import write_gantt
+                outputs.write(trace, trace_json(sim))
+            if plot:
+                from parsim.outputs.plot import gantt_png
 
-            write_gantt(sim, args.plot, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
-                                        f"{fmt_time(prediction.step_time_s)}")
-    print(json.dumps(to_json(prediction), indent=2) if args.json else to_text(prediction))
+                outputs.write(plot, gantt_png(sim, f"{args.schedule}, {args.gpus} GPUs, {m} micro-batches: "
+                                                   f"{fmt_time(prediction.step_time_s)}"))
+        _say(json_text(to_json(prediction), indent=2) if args.json else to_text(prediction))
     return 0
+
+
+def _say(text: str) -> None:
+    """Print and flush, so that stdout failing (a full disk) fails the command before its files are kept."""
+    print(text)
+    sys.stdout.flush()
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -252,7 +262,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with Progress("sweep"):
         results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
     if args.json:
-        print(json.dumps([to_json(r) for r in results], indent=2))
+        print(json_text([to_json(r) for r in results], indent=2))
         return 0
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     print(f"{'schedule':<17} {'m':>5} {'step time':>12} {'speedup':>8} {'bubble':>7}  max peak activations")
@@ -277,10 +287,13 @@ def _schedule_names(text: str | None, runtime: Runtime | None = EAGER) -> list[s
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    with Outputs() as outputs:
+        return _plan(args, outputs, outputs.add(args.trace, "--trace"))
+
+
+def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int:
     from parsim.plan import default_jobs, search
 
-    if args.memory_limit is not None and not args.memory_limit > 0:
-        raise ParsimError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
     profile, model = load_profile(args.profile), model_from_args(args)
     limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
     runtimes = [runtime_for(args)] if args.runtime else None
@@ -309,8 +322,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule or runtime refuses, "
           f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)"
           + (f"; {found.too_large} more left out, too large to simulate" if found.too_large else ""))
-    if args.trace:
-        from parsim.outputs.trace import write_trace
+    if trace:
+        from parsim.outputs.trace import trace_json
 
         best = fits[0]
         check_actions(best.schedule, args.gpus, best.microbatches, best.virtual_stages, timeline=True)
@@ -319,7 +332,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  best.virtual_stages if best.schedule in VIRTUAL else None)
         split = replace(model, balance=best.balance)
         copy_streams = args.copy_streams and runtime.copy_streams
-        write_trace(predict(schedule, split, profile, copy_streams, best.data_parallel, runtime)[1], args.trace)
+        outputs.write(trace, trace_json(predict(schedule, split, profile, copy_streams, best.data_parallel,
+                                                runtime)[1]))
     return 0
 
 
@@ -336,7 +350,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         doc = {"name": result.name, "headline": result.headline, "figures": result.figures}
         if result.assumptions:
             doc["assumptions"] = list(result.assumptions)
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc, indent=2))
         return 0
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
@@ -354,51 +368,64 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not (args.measured or args.timeline):
         raise ParsimError("compare needs --measured CSV, or --timeline TRACE with --point")
-    if args.measured:
-        profile = load_profile(args.profile) if args.profile else None
-        with Progress("compare"):
-            table, plots = compare(args.measured, args.out, profile, args.runtime)
-        print(table)
-        print("plots: " + ", ".join(map(str, plots)))
-    if args.timeline:
-        print(f"timeline: {_overlay(args)}")
+    with Outputs() as outputs:  # the plots and the overlay: all or none, their paths checked first
+        overlay = None
+        if args.timeline:
+            out = Path(args.out) if args.out else Path(args.timeline).parent
+            overlay = outputs.add(out / f"{Path(args.timeline).name.split('.')[0]}-overlay.png", "overlay")
+        if args.measured:
+            profile = load_profile(args.profile) if args.profile else None
+            with Progress("compare"):
+                table, plots = compare(args.measured, args.out, profile, args.runtime, outputs=outputs)
+            print(table)
+            print("plots: " + ", ".join(map(str, plots)))
+        if overlay:
+            _overlay(args, outputs, overlay)
+            _say(f"timeline: {overlay}")
     return 0
 
 
-def _overlay(args: argparse.Namespace) -> Path:
-    """Simulate --point with the profile and draw it under the profiled --timeline; the PNG's path."""
-    from parsim.outputs.overlay import write_overlay
+def _overlay(args: argparse.Namespace, outputs: Outputs, path: Path) -> None:
+    """Simulate --point with the profile and draw it under the profiled --timeline, as the PNG at `path`."""
+    from parsim.outputs.overlay import overlay_png
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")
-        gpus, m = int(gpus), int(m)
-    except ValueError:
-        raise ParsimError(f"--point takes SCHEDULE,GPUS,M,SPEC, got {args.point!r}") from None
+        gpus, m = flags.positive_int(gpus), flags.positive_int(m)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise ParsimError(f"--point takes SCHEDULE,GPUS,M,SPEC with GPUS and M whole numbers from 1 to {MAX_SIZE:,}, "
+                          f"got {args.point!r}") from None
     model = model_from_spec(spec)
     if not 0 <= args.gpu < gpus:
         raise ParsimError(f"--gpu must name one of the point's {gpus} GPUs, got {args.gpu}")
     check_actions(schedule, gpus, m, timeline=True)
     _, sim = predict(build(schedule, gpus, m), model, load_profile(args.profile))
-    out = Path(args.out) if args.out else Path(args.timeline).parent
-    if not out.is_dir():
-        raise ParsimError(f"output folder {out} does not exist")
-    path = out / f"{Path(args.timeline).name.split('.')[0]}-overlay.png"
-    write_overlay(sim, args.gpu, args.timeline, path)
-    return path
+    outputs.write(path, overlay_png(sim, args.gpu, args.timeline))
 
 
 COMMANDS = {"predict": cmd_predict, "sweep": cmd_sweep, "plan": cmd_plan, "scenario": cmd_scenario,
             "compare": cmd_compare}
 
 
+STDOUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # stdout on a full or failing device
+
+
 def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand; a user error becomes one line on stderr and exit status 2, never a traceback; Ctrl-C,
-    SIGTERM and SIGHUP one line saying so (and what they stopped) and 128 + the signal's number."""
+    SIGTERM and SIGHUP one line saying so (and what they stopped) and 128 + the signal's number.
+
+    stdout is flushed here, so that a full device (`> /dev/full`) is one line and exit 2 too; a reader that
+    leaves (`| head`) ends the command quietly with 141, as a shell tool's SIGPIPE does.
+    """
+    if hasattr(sys.stdout, "reconfigure"):  # a name given in bytes that are not UTF-8 is echoed as those bytes
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         with stopping():  # SIGTERM and SIGHUP unwind as Ctrl-C does
-            return command(args)
+            status = command(args)
+            sys.stdout.flush()
+        return status
     except ParsimError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(describe(e, "interrupted"), file=sys.stderr)
@@ -407,8 +434,22 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         print(describe(e, str(e)), file=sys.stderr)
         return e.status
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        _drop_stdout()
         return 141
+    except OSError as e:
+        if e.errno not in STDOUT_FULL:
+            raise
+        _drop_stdout()
+        print(f"error: cannot write to standard output: {e.strerror}", file=sys.stderr)
+        return 2
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the exit's flush of what is still buffered cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (captured in tests)
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,9 @@ from pathlib import Path
 from parsim import progress
 from parsim.budget import check_actions
 from parsim.errors import ParsimError
+from parsim.files import Outputs, png_bytes
+from parsim.inputs import MAX_SIZE, read_text
 from parsim.runtimes import get_runtime
-from parsim.files import write_png
 from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
@@ -105,36 +106,68 @@ class Point:
         return self.predicted_speedup / self.measured_speedup - 1
 
 
+STEP_S = (1e-9, 1e6)  # a step time's sane range: a nanosecond to 11 days
+PEAK_BYTES = 1e18
+
+
+def _finite(row: dict, column: str, lo: float, hi: float, default: str | None = None, zero: bool = False) -> float:
+    """A column's number: in [lo, hi] (or 0 if `zero`), so finite; ValueError naming the column otherwise."""
+    text = row.get(column) or default
+    value = float(text)  # ValueError for text; TypeError for a missing cell
+    if not (lo <= value <= hi or zero and value == 0):  # NaN fails both
+        raise ValueError(f"{column} must be {'0 or ' if zero else ''}a number from {lo:g} to {hi:g}, got {text}")
+    return value
+
+
+def _times(row: dict) -> dict[str, float]:
+    """The row's times: each in STEP_S, and min <= median <= max of the measured steps."""
+    times = {c: _finite(row, c, *STEP_S) for c in COLUMNS if c.endswith("_s")}
+    if not times["measured_min_s"] <= times["measured_s"] <= times["measured_max_s"]:
+        raise ValueError(f"measured_min_s <= measured_s <= measured_max_s must hold, got {row['measured_min_s']}, "
+                         f"{row['measured_s']}, {row['measured_max_s']}")
+    return times
+
+
+def _size(row: dict, column: str, default: str | None = None) -> int:
+    value = int(row.get(column) or default)
+    if not 1 <= value <= MAX_SIZE:
+        raise ValueError(f"{column} must be a whole number from 1 to {MAX_SIZE:,}, got {value}")
+    return value
+
+
 def read_points(path: str | Path) -> list[Point]:
-    """Rows of a results CSV, checked: every column present, every time a positive number."""
+    """Rows of a results CSV, checked: every column present, every time a finite positive number, every size a
+    whole number in range; a bad row is one error naming its line."""
+    text = read_text(path, "results")
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ParsimError(f"cannot read results {path}: {e.strerror or e}") from None
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ParsimError(f"results {path} lacks column(s): {', '.join(missing)}")
+        reader = csv.DictReader(io.StringIO(text))
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ParsimError(f"results {path} lacks column(s): {', '.join(missing)}")
+        return _points(reader, path)
+    except csv.Error as e:
+        raise ParsimError(f"results {path}, line {reader.line_num}: not a CSV row ({e})") from None
+
+
+def _points(reader: csv.DictReader, path: str | Path) -> list[Point]:
     points = []
     for n, row in enumerate(reader, start=2):
         try:
-            times = {c: float(row[c]) for c in COLUMNS if c.endswith("_s")}
-            if not all(t > 0 for t in times.values()):  # also rejects NaN
-                raise ValueError("times must be positive")
-            sizes = [int(row[c]) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")]
-            if min(sizes) < 1:
-                raise ValueError("gpus, microbatches, layers, hidden and tokens must be >= 1")
-            dp = int(row.get("data_parallel") or 1)
+            times = _times(row)
+            sizes = [_size(row, c) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")]
+            dp = _size(row, "data_parallel", "1")
             if dp < 1 or sizes[0] % dp:
                 raise ValueError(f"data_parallel {dp} does not divide gpus {sizes[0]}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
             runtime = (row.get("runtime") or "hw").strip()
             get_runtime(runtime)
-            peaks = {c: int(float(row.get(c) or 0)) for c in ("predicted_peak_bytes", "measured_peak_bytes")}
-            probe_s = float(row.get("host_probe_s") or 0)
-            if not 0 <= probe_s < float("inf"):
-                raise ValueError(f"host_probe_s must be a finite time >= 0, got {row['host_probe_s']}")
-            point = Point(row["schedule"], *sizes, excluded=(row.get("excluded") or "").strip(),
+            peaks = {c: int(_finite(row, c, 1, PEAK_BYTES, "0", zero=True))
+                     for c in ("predicted_peak_bytes", "measured_peak_bytes")}
+            probe_s = _finite(row, "host_probe_s", *STEP_S, "0", zero=True)
+            schedule = (row.get("schedule") or "").strip()
+            if not schedule:
+                raise ValueError("schedule is empty")
+            point = Point(schedule, *sizes, excluded=(row.get("excluded") or "").strip(),
                           data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
                           runtime=runtime, host_probe_s=probe_s, **times, **peaks)
             point.workload()  # a bad spec is this line's error, not a later one's
@@ -290,7 +323,7 @@ def memory_lines(points: list[Point]) -> list[str]:
     return lines
 
 
-def plot_step_times(points: list[Point], path: Path) -> None:
+def step_times_png(points: list[Point]) -> bytes:
     """Predicted against measured step time, log-log, with y = x and a +-10% band."""
     import matplotlib
 
@@ -313,10 +346,10 @@ def plot_step_times(points: list[Point], path: Path) -> None:
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
            xlabel="measured step time (ms)", ylabel="predicted step time (ms)")
     ax.legend(fontsize=7)
-    write_png(fig, path)
+    return png_bytes(fig)
 
 
-def plot_speedups(points: list[Point], path: Path) -> None:
+def speedups_png(points: list[Point]) -> bytes:
     """Speedup over one GPU against micro-batch count: measured markers, predicted lines."""
     import matplotlib
 
@@ -338,30 +371,32 @@ def plot_speedups(points: list[Point], path: Path) -> None:
         ax.set(xscale="log", xlabel="micro-batches", ylabel="speedup over one GPU", title=model)
         ax.set_xticks(sorted({p.microbatches for p in points}), [str(m) for m in sorted({p.microbatches for p in points})])
         ax.legend(fontsize=7)
-    write_png(fig, path)
+    return png_bytes(fig)
 
 
 def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None,
-            runtime: str | None = None, host_profile=None) -> tuple[str, list[Path]]:
-    """The error table, and the two plots written into out_dir (default: the CSV's folder).
+            runtime: str | None = None, host_profile=None, outputs: Outputs | None = None) -> tuple[str, list[Path]]:
+    """The error table, and the two plots written into out_dir (default: the CSV's folder), both or neither.
 
     With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as
     run by that runtime (else each point's own); the CSV's own predictions are left aside. Host
     sensitivity is judged with that profile, else host_profile (`hw validate`: the one it predicted
-    with), else the shipped one.
+    with), else the shipped one. The plots' paths are checked before any work; with `outputs`, they are
+    written with that command's other outputs, when its block ends.
     """
+    if outputs is None:
+        with Outputs() as outputs:
+            return compare(csv_path, out_dir, profile, runtime, host_profile, outputs)
     from parsim.profile import load_profile
 
+    out = Path(out_dir) if out_dir else Path(csv_path).parent
+    stem = Path(csv_path).stem
+    paths = [outputs.add(out / f"{stem}-step-times.png", "plot"), outputs.add(out / f"{stem}-speedups.png", "plot")]
     points = read_points(csv_path)
     if profile is not None or runtime is not None:
         points = repredict(points, profile or host_profile or load_profile(), runtime)
     points = mark_host_sensitive(points, profile or host_profile or load_profile())
     points = at_measured_host(points, profile or host_profile or load_profile())
-    out = Path(out_dir) if out_dir else Path(csv_path).parent
-    if not out.is_dir():
-        raise ParsimError(f"output folder {out} does not exist")
-    stem = Path(csv_path).stem
-    paths = [out / f"{stem}-step-times.png", out / f"{stem}-speedups.png"]
-    plot_step_times(points, paths[0])
-    plot_speedups(points, paths[1])
+    outputs.write(paths[0], step_times_png(points))
+    outputs.write(paths[1], speedups_png(points))
     return error_table(points), paths

@@ -1,5 +1,7 @@
 """Errors a user can act on: the CLI prints their message as one line and exits with status 2."""
 
+import unicodedata
+
 
 class ParsimError(Exception):
     """Bad input or an impossible request, worded for the user."""
@@ -15,3 +17,10 @@ class ProfileError(ParsimError):
 
 class ModelError(ParsimError):
     """A model description that cannot be partitioned or costed."""
+
+
+def one_line(message: str) -> str:
+    """The message with every line break and control character escaped (a file name or flag value may hold them),
+    so that it prints as one line."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") and c != "\t" else c
+                   for c in message)

@@ -6,7 +6,6 @@ old profile fails with one message that says what is wrong.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from bisect import bisect_left
@@ -16,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from parsim.errors import ProfileError
-from parsim.files import write_atomic
+from parsim.files import Outputs, json_text, nonfinite_to_null
+from parsim.inputs import flag, load_json, number, parse_json, text_field, whole
 
 SCHEMA = "parsim.profile"
 VERSION = 1
@@ -243,13 +243,34 @@ class Profile:
         return doc
 
 
+# Every number's sane range, by what it measures: within them no prediction overflows to inf or NaN (a rate of
+# 5e-324 FLOP/s or a latency of 1e308 s would). A fit's rate reaches 1e30 where a cost does not grow with the work.
+SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
+RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
+SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
+CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
+MAX_COUNT = 10**6  # GPUs per node, threads, cores
+WORK = (0.0, 1e30)  # FLOPs of one op at a measured size (a correction's abscissa)
+
+
+def _bounds(key: str) -> tuple[float, float]:
+    if key in ("flops_per_s", "rate") or key.endswith("_Bps"):
+        return RATES
+    if key == "flops":
+        return WORK
+    return SECONDS if key.endswith("_s") else SCALES
+
+
 def _number(doc: dict, key: str, where: str, positive: bool = True) -> float:
+    """doc[key]: a finite number in its sane range (_bounds); 0 too unless `positive`."""
     value = doc.get(key) if isinstance(doc, dict) else None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        need = "a positive number" if positive else "a number >= 0"
-        raise ProfileError(f"{where}.{key} must be {need}, got {value!r}")
-    return float(value)
+    lo, hi = _bounds(key)
+    return number(value, f"{where}.{key}", lo, hi, ProfileError, above=lo == 0, zero=not positive)
+
+
+def _core_speed(speeds: dict, n: str, where: str) -> tuple[int, float]:
+    count = whole(int(n), f"{where}'s busy-core count", 1, MAX_COUNT, ProfileError)
+    return count, number(speeds[n], f"{where}.{n}", *CORE_SPEEDS, ProfileError)
 
 
 def _section(doc: Any, key: str, where: str) -> dict:
@@ -259,9 +280,13 @@ def _section(doc: Any, key: str, where: str) -> dict:
     return value
 
 
+def _measured(doc: dict, where: str) -> bool:
+    return flag(doc.get("measured", True), f"{where}.measured", ProfileError)
+
+
 def _link(doc: dict, where: str) -> LinkSpec:
     return LinkSpec(_number(doc, "latency_s", where, positive=False),
-                    _number(doc, "bandwidth_Bps", where), bool(doc.get("measured", True)))
+                    _number(doc, "bandwidth_Bps", where), _measured(doc, where))
 
 
 def _op_cost(doc: dict, where: str) -> OpCost:
@@ -285,12 +310,11 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     """Check a parsed document against the schema and build the Profile."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ProfileError(f"{origin} is not a parsim profile (no \"schema\": \"{SCHEMA}\")")
-    if doc.get("version") != VERSION:
-        raise ProfileError(f"{origin} has schema version {doc.get('version')!r}; this parsim reads "
-                           f"version {VERSION}: re-run `python -m hw calibrate` to make a new one")
-    gpus = doc.get("gpus_per_node")
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise ProfileError(f"{origin}: gpus_per_node must be a whole number >= 1, got {gpus!r}")
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != VERSION:
+        raise ProfileError(f"{origin} has schema version {version!r}; this parsim reads "
+                           f"version {VERSION} (a whole number): re-run `python -m hw calibrate` to make a new one")
+    gpus = whole(doc.get("gpus_per_node"), f"{origin}: gpus_per_node", 1, MAX_COUNT, ProfileError)
     links_doc = _section(doc, "links", origin)
     links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
     host_doc = _section(doc, "host", origin)
@@ -309,24 +333,39 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
         layers[kind] = LayerCosts(*(_op_cost(_section(costs, op, where), f"{where}.{op}") for op in LAYER_OPS))
     if not layers:
         raise ProfileError(f"{origin}.layers is empty: the profile costs no layer kind")
-    meta = doc.get("meta", {})
+    meta = _meta(doc.get("meta", {}), f"{origin}.meta")
     collectives = {}
     if "collectives" in doc:
         for kind, spec in _section(doc, "collectives", origin).items():
             where = f"{origin}.collectives.{kind}"
             collectives[kind] = CollectiveSpec(_number(spec, "latency_s", where, positive=False),
-                                               _number(spec, "busbw_Bps", where), bool(spec.get("measured", True)))
+                                               _number(spec, "busbw_Bps", where), _measured(spec, where))
     runtimes = {}
     if "runtimes" in doc:
         for name, spec in _section(doc, "runtimes", origin).items():
             runtimes[name] = _runtime_costs(spec, f"{origin}.runtimes.{name}")
     memory = doc.get("gpu_memory_bytes")
-    memory = None if memory is None else int(_number(doc, "gpu_memory_bytes", origin))
+    memory = None if memory is None else int(number(memory, f"{origin}.gpu_memory_bytes", 1, 1e18, ProfileError))
     gil = _gil(_section(doc, "gil", origin), f"{origin}.gil") if "gil" in doc else None
     cpu = _cpu(_section(doc, "cpu", origin), f"{origin}.cpu") if "cpu" in doc else None
-    return Profile(gpus, links, host, layers, bool(doc.get("provisional", False)),
-                   meta if isinstance(meta, dict) else {}, kernels, collectives, runtimes=runtimes,
+    provisional = flag(doc.get("provisional", False), f"{origin}.provisional", ProfileError)
+    return Profile(gpus, links, host, layers, provisional, meta, kernels, collectives, runtimes=runtimes,
                    gpu_memory_bytes=memory, gil=gil, cpu=cpu)
+
+
+def _meta(doc: Any, where: str) -> dict[str, Any]:
+    """The provenance: free-form, but what describe() shows is checked (a name, a date, the GPUs, what was carried)."""
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where} must be an object, got {type(doc).__name__}")
+    for key in ("gpu", "date", "source"):
+        if doc.get(key) is not None:
+            text_field(doc[key], f"{where}.{key}", ProfileError)
+    if doc.get("gpu_count") is not None:
+        whole(doc["gpu_count"], f"{where}.gpu_count", 0, MAX_COUNT, ProfileError)
+    carried = doc.get("carried_from_base")
+    if carried is not None and not (isinstance(carried, list) and all(isinstance(c, str) for c in carried)):
+        raise ProfileError(f"{where}.carried_from_base must be a list of names, got {type(carried).__name__}")
+    return doc
 
 
 def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
@@ -346,10 +385,7 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
 
 
 def _whole(doc: dict, key: str, where: str) -> int:
-    value = doc.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {value!r}")
-    return value
+    return whole(doc.get(key), f"{where}.{key}", 1, MAX_COUNT, ProfileError)
 
 
 def _gil(doc: dict, where: str) -> GilCosts:
@@ -373,7 +409,7 @@ def _gil(doc: dict, where: str) -> GilCosts:
 def _cpu(doc: dict, where: str) -> CpuCosts:
     speeds = _section(doc, "core_speed", where)
     try:
-        core_speed = {int(n): _number(speeds, n, f"{where}.core_speed") for n in speeds}
+        core_speed = dict(_core_speed(speeds, n, f"{where}.core_speed") for n in speeds)
     except ValueError:
         raise ProfileError(f"{where}.core_speed must map busy-core counts to speeds, got {speeds!r}") from None
     if 1 not in core_speed:
@@ -388,19 +424,32 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile:
     """Read and check a profile file; None reads the package's shipped default."""
     if path is None:
         text = resources.files("parsim.profiles").joinpath("default.json").read_text()
-        return from_json(json.loads(text), "default profile")
+        return from_json(parse_json(text, "default profile", ProfileError), "default profile")
+    doc = load_json(path, "profile", ProfileError, hint="; it may be truncated")
+    return from_json(doc, f"profile {Path(path)}")
+
+
+def profile_json(profile: Profile) -> str:
+    """The profile as strict JSON text, checked as load_profile checks it, so that nothing parsim would refuse is
+    written (a NaN or infinity in the free-form meta is written as null)."""
+    doc = profile.to_json()
+    doc["meta"] = nonfinite_to_null(doc["meta"])
+    text = json_text(doc, indent=2, what="the profile") + "\n"
+    from_json(parse_json(text, "the profile to write", ProfileError), "the profile to write")
+    return text
+
+
+def samples_path(path: str | os.PathLike) -> Path:
+    """Where a calibration's raw samples go, beside its profile: profile.json -> profile.samples.json."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {p}: {e.strerror or e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"profile {p} is not valid JSON ({e.msg} at line {e.lineno}); "
-                           "it may be truncated") from None
-    return from_json(doc, f"profile {p}")
+    return p.with_name(p.stem + ".samples.json")
 
 
-def save_profile(profile: Profile, path: str | os.PathLike) -> None:
-    write_atomic(path, json.dumps(profile.to_json(), indent=2) + "\n")
+def save_profile(profile: Profile, path: str | os.PathLike, samples: dict | None = None) -> None:
+    """Write the profile, and with `samples` the raw samples beside it (samples_path): atomically, both or neither."""
+    with Outputs() as outputs:
+        target = outputs.add(path, "profile")
+        raw = outputs.add(samples_path(path), "samples") if samples is not None else None
+        outputs.write(target, profile_json(profile))
+        if raw:
+            outputs.write(raw, json_text(nonfinite_to_null(samples), indent=2, what="the samples") + "\n")

@@ -68,7 +68,7 @@ def test_measure_without_enough_gpus_says_so_before_starting_anything():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--cpu", "--microbatches", "0"], "--microbatches must be at least 1"),
+    (["--cpu", "--microbatches", "0"], "--microbatches: must be at least 1"),
     (["--cpu", "--gpus", "4", "--layers", "2"], "cannot split 2 layers into 4 stages"),
     (["--cpu", "--gpus", "2", "--tokens", "10", "--microbatches", "4"], "10 tokens do not split into 4 equal"),
     (["--cpu", "--gpus", "2", "--layers", "4", "--balance", "3,2"], "add up to the model's 4 layers"),

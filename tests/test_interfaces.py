@@ -63,11 +63,11 @@ def test_a_profile_without_them_still_loads():
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda d: d["gil"].update(launch_s=0), r"gil.launch_s must be a positive number"),
+    (lambda d: d["gil"].update(launch_s=0), r"gil.launch_s must be a finite number above 0"),
     (lambda d: d["gil"].update(cores=0.5), r"gil.cores must be a whole number"),
     (lambda d: d["gil"].update(released_s=1.0), r"gil.released_s must be at most launch_s"),
     (lambda d: d["gil"].update(wake=[[1e-6]]), r"gil.wake must be a list of \[slept_s, cost_s\] pairs"),
-    (lambda d: d["gil"].update(wake=[[1e-6, -1.0]]), r"gil.wake.cost_s must be a number >= 0"),
+    (lambda d: d["gil"].update(wake=[[1e-6, -1.0]]), r"gil.wake.cost_s must be 0 or a finite number"),
     (lambda d: d["cpu"].update(core_speed={"x": 1.0}), r"cpu.core_speed"),
     (lambda d: d["cpu"].update(core_speed={"2": 0.9}), r"no speed for 1 busy core"),
     (lambda d: d.update(cpu=[]), r"cpu is missing or not an object"),

@@ -31,7 +31,7 @@ def test_a_trace_without_kernels_or_not_json_gets_a_clear_error(tmp_path):
         measured_kernels(_trace(tmp_path / "cpu.json.gz", []))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ParsimError, match="cannot read trace"):
+    with pytest.raises(ParsimError, match="trace .*bad.json is not valid JSON"):
         measured_kernels(bad)
 
 

@@ -36,13 +36,14 @@ def test_save_then_load_round_trips(tmp_path):
     (lambda d: d.pop("version"), "schema version None"),
     (lambda d: d.update(schema="other"), "not a parsim profile"),
     (lambda d: d["links"].pop("nvlink"), r"links.nvlink is missing"),
-    (lambda d: d["links"]["nvlink"].update(bandwidth_Bps=-1), r"nvlink.bandwidth_Bps must be a positive number"),
-    (lambda d: d["links"]["nvlink"].update(bandwidth_Bps=0), r"bandwidth_Bps must be a positive number"),
-    (lambda d: d["host"].update(p2p_s="fast"), r"host.p2p_s must be a number >= 0"),
+    (lambda d: d["links"]["nvlink"].update(bandwidth_Bps=-1),
+     r"nvlink.bandwidth_Bps must be a finite number from 0.001 to 1e\+40, got -1"),
+    (lambda d: d["links"]["nvlink"].update(bandwidth_Bps=0), r"bandwidth_Bps must be a finite number from"),
+    (lambda d: d["host"].update(p2p_s="fast"), r"host.p2p_s must be 0 or a finite number"),
     (lambda d: d["layers"]["mlp"]["forward"].update(fixed_s=float("nan")), r"forward.fixed_s must be"),
     (lambda d: d["layers"]["mlp"].pop("backward_weight"), r"backward_weight is missing"),
     (lambda d: d.update(layers={}), r"layers is empty"),
-    (lambda d: d.update(gpus_per_node=0), r"gpus_per_node must be a whole number"),
+    (lambda d: d.update(gpus_per_node=0), r"gpus_per_node must be at least 1, got 0"),
 ])
 def test_malformed_profile_fails_with_a_message_naming_the_field(tmp_path, edit, message):
     doc = copy.deepcopy(_default_doc())

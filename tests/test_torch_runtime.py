@@ -329,6 +329,25 @@ def test_torchs_host_costs_are_recovered_from_steps_that_follow_the_loop_model()
     assert provenance["layer_host"] == costs.layer_host
 
 
+@pytest.mark.parametrize("hw_layer_s,layer_host", [(0.0, None), (1e-17, None), (1e-4, 1.5)])
+def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(monkeypatch, hw_layer_s, layer_host):
+    """A busy CPU once fitted hw's per-layer cost at ~0 and torch's ratio to it at 1.6e13: a profile parsim refuses
+    (issue 17). With no ratio to take, layer_host is hw's runner's (1), listed as unmeasured."""
+    import numpy as np
+
+    from hw import torch_costs
+    from parsim.profile import Profile, load_profile, profile_json
+
+    fitted = {"torch": np.array([300e-6, 80e-6, 150e-6]), "hw": np.array([200e-6, 50e-6, hw_layer_s])}
+    monkeypatch.setattr(torch_costs, "fit_loop", lambda rows: (fitted[rows[0]["runtime"]], None))
+    monkeypatch.setattr(torch_costs, "quality", lambda params, rows: None)
+    costs, _, _ = torch_costs.runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6), 12e-6, p2p_measured=True)
+    assert costs.layer_host == pytest.approx(layer_host or 1.0)
+    assert ("layer_host" in costs.unmeasured) == (layer_host is None)
+    profile = load_profile(None)
+    assert profile_json(Profile(**{**profile.__dict__, "runtimes": {"torch": costs}}))  # loads as it is written
+
+
 def test_an_interleaved_step_the_fit_does_not_predict_is_a_poor_check():
     from hw.torch_costs import CHECKED, runtime_costs
 

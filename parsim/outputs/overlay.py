@@ -7,11 +7,10 @@ simulated rank, it shows where the model's time goes wrong (kernels, gaps the ho
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 from parsim.errors import ParsimError
+from parsim.inputs import decode, gunzip, number, parse_json, read_bytes
 from parsim.sim.lower import compute_track
 from parsim.sim.predict import Simulation
 
@@ -21,18 +20,21 @@ Spans = list[tuple[float, float]]  # (start_s, duration_s)
 def measured_kernels(trace: str | Path) -> tuple[Spans, Spans]:
     """(compute kernels, NCCL kernels) of a profiler trace, in seconds from the first kernel's start."""
     path = Path(trace)
-    try:
-        raw = path.read_bytes()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, ValueError, EOFError) as e:
-        raise ParsimError(f"cannot read trace {path}: {e}") from None
-    kernels = [e for e in doc.get("traceEvents", []) if isinstance(e, dict) and e.get("cat") == "kernel"]
+    raw = read_bytes(trace, "trace")
+    doc = parse_json(decode(gunzip(raw, f"trace {path}") if raw[:2] == b"\x1f\x8b" else raw, f"trace {path}"),
+                     f"trace {path}")
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise ParsimError(f"trace {path} is not a Chrome trace: it has no \"traceEvents\" list")
+    kernels = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel"]
     if not kernels:
         raise ParsimError(f"trace {path} holds no GPU kernels (was it profiled on a GPU?)")
-    t0 = min(e["ts"] for e in kernels)
+    spans = [(str(e.get("name", "")), number(e.get("ts"), f"trace {path}: kernel event {i}'s ts", -1e18, 1e18),
+              number(e.get("dur"), f"trace {path}: kernel event {i}'s dur", 0, 1e18)) for i, e in enumerate(kernels)]
+    t0 = min(ts for _, ts, _ in spans)
     compute, comm = [], []
-    for e in kernels:
-        (comm if "nccl" in e["name"].lower() else compute).append(((e["ts"] - t0) / 1e6, e["dur"] / 1e6))
+    for name, ts, dur in spans:
+        (comm if "nccl" in name.lower() else compute).append(((ts - t0) / 1e6, dur / 1e6))
     return compute, comm
 
 
@@ -45,13 +47,20 @@ def simulated_spans(sim: Simulation, gpu: int) -> tuple[Spans, Spans]:
 
 
 def write_overlay(sim: Simulation, gpu: int, trace: str | Path, path: str | Path, title: str = "") -> None:
+    """Write overlay_png's PNG at `path`, atomically."""
+    from parsim.files import write_atomic
+
+    write_atomic(path, overlay_png(sim, gpu, trace, title), "overlay")
+
+
+def overlay_png(sim: Simulation, gpu: int, trace: str | Path, title: str = "") -> bytes:
     """A PNG with the measured and the simulated compute (and message) rows of `gpu`, one above the other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parsim.files import write_png
+    from parsim.files import png_bytes
 
     measured, simulated = measured_kernels(trace), simulated_spans(sim, gpu)
     rows = [("measured kernels", measured[0], "tab:blue"), ("measured NCCL", measured[1], "tab:gray"),
@@ -65,4 +74,4 @@ def write_overlay(sim: Simulation, gpu: int, trace: str | Path, path: str | Path
     ends = [max((s + d for s, d in spans), default=0.0) for _, spans, _ in rows]
     ax.set_title(title or f"GPU {gpu}: measured {max(ends[:2]) * 1e3:.2f} ms of kernels, "
                           f"simulated step {sim.step_time_s * 1e3:.2f} ms")
-    write_png(fig, path)
+    return png_bytes(fig)

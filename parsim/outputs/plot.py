@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from parsim.files import write_png  # noqa: E402
+from parsim.files import png_bytes, write_atomic  # noqa: E402
 from parsim.sim.predict import Simulation  # noqa: E402
 
 COLOURS = {"F": "tab:blue", "B": "tab:green", "I": "tab:olive", "W": "tab:cyan",
@@ -36,6 +36,11 @@ def _rows(sim: Simulation) -> dict[str, dict[str, list[tuple[float, float]]]]:
 
 def write_gantt(sim: Simulation, path: str | Path, title: str = "") -> None:
     """Save the timeline as a PNG at `path` (in ms), atomically."""
+    write_atomic(path, gantt_png(sim, title), "plot")
+
+
+def gantt_png(sim: Simulation, title: str = "") -> bytes:
+    """The timeline (in ms) as a PNG."""
     rows = _rows(sim)
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
     for y, (track, bars) in enumerate(rows.items()):
@@ -58,4 +63,4 @@ def write_gantt(sim: Simulation, path: str | Path, title: str = "") -> None:
     keys = [k for k in COLOURS if k in used]
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in keys], [names[k] for k in keys],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=len(keys), frameon=False)
-    write_png(fig, path)
+    return png_bytes(fig)

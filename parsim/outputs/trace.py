@@ -6,12 +6,11 @@ with a track per link; times are in microseconds, as the format wants.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from parsim.sim.predict import Simulation
-from parsim.files import write_atomic
+from parsim.files import json_text, write_atomic
 
 LINKS_PID = 1_000_000  # after every rank's pid
 
@@ -53,5 +52,10 @@ def trace_events(sim: Simulation) -> list[dict[str, Any]]:
     return events
 
 
+def trace_json(sim: Simulation) -> str:
+    """The Chrome trace as strict JSON text."""
+    return json_text({"traceEvents": trace_events(sim), "displayTimeUnit": "ms"}, what="the trace")
+
+
 def write_trace(sim: Simulation, path: str | Path) -> None:
-    write_atomic(path, json.dumps({"traceEvents": trace_events(sim), "displayTimeUnit": "ms"}))
+    write_atomic(path, trace_json(sim), "trace")

@@ -16,12 +16,13 @@ import re
 from pathlib import Path
 
 from parsim.errors import ScheduleError
+from parsim.inputs import read_text
 from parsim.schedules.actions import COMM_OPS, COMPUTE_OPS, Action, Schedule, act, place_messages
 
 TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule
 
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
-_ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+_ACTION = re.compile(r"^(\d{1,9})([A-Z_]+?)(\d{0,9})$")  # a stage or micro-batch past 10^9 is no schedule
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 
 
@@ -64,9 +65,14 @@ def from_rows(name: str, rows: list[list[str]], microbatches: int | None = None)
     if not owner:
         raise ScheduleError(f"{name}: no compute actions")
     stages = max(owner) + 1
-    missing = [s for s in range(stages) if s not in owner]
-    if missing:
-        raise ScheduleError(f"{name}: stage {missing[0]} never computes")
+    if stages > len(owner):  # found among the first len(owner) + 1, however large the stage numbers
+        missing = next(s for s in range(len(owner) + 1) if s not in owner)
+        raise ScheduleError(f"{name}: stage {missing} never computes")
+    computes = sum(a.op in COMPUTE_OPS for acts in actions for a in acts)
+    last = max(a.microbatch for acts in actions for a in acts)
+    if microbatches is None and last >= computes:  # each micro-batch needs a compute action at least
+        raise ScheduleError(f"{name}: {computes} compute actions cannot run micro-batches 0 to {last}; "
+                            "micro-batches are numbered from 0 without gaps")
     stage_to_rank = tuple(owner[s] for s in range(stages))
     compute_only = not any(a.op in COMM_OPS for acts in actions for a in acts)
     placed = place_messages(actions, stage_to_rank) if compute_only else tuple(tuple(acts) for acts in actions)
@@ -77,10 +83,7 @@ def from_rows(name: str, rows: list[list[str]], microbatches: int | None = None)
 
 def load_csv(path: str | Path) -> Schedule:
     """The CSV torch's _PipelineScheduleRuntime dumps: one line per rank, comma-separated actions."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ScheduleError(f"cannot read schedule {path}: {e.strerror or e}") from None
+    text = read_text(path, "schedule", ScheduleError)
     rows = [line.split(",") for line in text.splitlines() if line.strip()]
     if not rows:
         raise ScheduleError(f"schedule {path} is empty")

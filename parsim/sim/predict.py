@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from parsim.budget import check_actions, stages_per_rank
+from parsim.errors import ProfileError
 from parsim.sim.machine import HostThread, Machine, Op, gc_paused
 from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import settle_step
@@ -166,6 +168,11 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
     run_profile = runtime.costs(profile) if runtime is not None else profile
     costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
     sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
+    single_s = single_gpu_step_s(model, profile)
+    for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
+        if not (math.isfinite(value) and value > 0):  # a profile loaded from a file is range-checked: not from there
+            raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
+                               "one of its costs or rates is out of range")
     gpus = schedule.num_ranks * data_parallel
     busy = sim.busy_s
     held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
@@ -175,7 +182,7 @@ def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: b
         stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
         per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
     prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
-                            sim.step_time_s, single_gpu_step_s(model, profile), model.tokens,
+                            sim.step_time_s, single_s, model.tokens,
                             tuple(per_gpu), run_profile.describe(), data_parallel, model.sample,
                             runtime.name if runtime is not None else "hw")
     return prediction, sim

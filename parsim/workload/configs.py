@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
 from parsim.errors import ModelError
+from parsim.inputs import MAX_SIZE, parse_json, shown
 from parsim.workload.models import Model, is_config, parsim_model, read_model_file, transformer_model
 from parsim.workload.models import model_from_spec as _spec_model
 from parsim.workload.transformer import VARIANTS, TransformerShape
@@ -25,7 +25,9 @@ def _size(doc: dict, key: str, default: int | None = None) -> int:
             raise ModelError(f"it lacks {key}")
         value = default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelError(f"{key} must be a whole number >= 1, got {value!r}")
+        raise ModelError(f"{key} must be a whole number >= 1, got {shown(value)}")
+    if value > MAX_SIZE:
+        raise ModelError(f"{key} must be at most {MAX_SIZE:,}, got {shown(value)}")
     return value
 
 
@@ -80,7 +82,8 @@ def preset_config(name: str) -> dict:
     """A shipped config by name (see PRESETS)."""
     if name not in PRESETS:
         raise ModelError(f"no preset named {name!r}; parsim ships: {', '.join(PRESETS)}")
-    return json.loads(resources.files("parsim.workload").joinpath("presets", f"{name}.json").read_text())
+    text = resources.files("parsim.workload").joinpath("presets", f"{name}.json").read_text()
+    return parse_json(text, f"preset {name}", ModelError)
 
 
 def preset_model(name: str, seq_len: int | None, sequences: int | None) -> Model:
@@ -89,6 +92,8 @@ def preset_model(name: str, seq_len: int | None, sequences: int | None) -> Model
 
 def named_model(text: str, seq_len: int | None = None, sequences: int | None = None) -> Model:
     """`--model TEXT`: a model file (parsim's or a Hugging Face config.json) if one is there, else a preset."""
+    if not text or "\0" in text:
+        raise ModelError(f"--model takes a model file or a preset, got {text!r}")
     if Path(text).exists() or text.lower() not in PRESETS:
         if not Path(text).exists() and not text.endswith(".json"):
             raise ModelError(f"no model file {text!r} and no preset of that name; presets: {', '.join(PRESETS)}")

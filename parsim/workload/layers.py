@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsim.errors import ModelError
+from parsim.inputs import MAX_SIZE, shown
+
+MAX_DTYPE_BYTES = 16  # complex128, the widest torch dtype
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,12 @@ class Layer:
         k = KINDS.get(self.kind)
         if k is None:
             raise ModelError(f"unknown layer kind {self.kind!r}; parsim knows: {', '.join(sorted(KINDS))}")
-        if min(self.hidden, self.dtype_bytes, self.side) < 1:
-            raise ModelError(f"a {self.kind} layer needs hidden, side and dtype_bytes >= 1, got "
-                             f"{self.hidden}, {self.side}, {self.dtype_bytes}")
+        sizes = (self.hidden, self.side, self.dtype_bytes)
+        if (any(isinstance(v, bool) or not isinstance(v, int) for v in sizes) or min(sizes) < 1
+                or max(self.hidden, self.side) > MAX_SIZE or self.dtype_bytes > MAX_DTYPE_BYTES):
+            raise ModelError(f"a {self.kind} layer needs whole hidden and side >= 1 and <= {MAX_SIZE:,}, and "
+                             f"dtype_bytes from 1 to {MAX_DTYPE_BYTES}, got {shown(self.hidden)}, {shown(self.side)}, "
+                             f"{shown(self.dtype_bytes)}")
         if self.hidden % k.shrink or (not k.spatial and self.side != 1):
             raise ModelError(f"a {self.kind} layer needs " + (f"channels divisible by {k.shrink}, got {self.hidden}"
                                                                if k.spatial else f"no side, got {self.side}"))

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from parsim.budget import check_layers
 from parsim.errors import ModelError
-from parsim.workload.layers import Layer
+from parsim.inputs import MAX_LAYERS, MAX_SIZE, load_json, text_field, whole
+from parsim.workload.layers import KINDS, MAX_DTYPE_BYTES, Layer
 from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, describe, transformer_layers
 
 
@@ -22,7 +22,10 @@ class Model:
     balance: tuple[int, ...] | None = None  # layers per stage (torchgpipe's term); None: equal counts
 
     def __post_init__(self) -> None:
+        if not self.layers:
+            raise ModelError("a model needs at least one layer")
         check_layers(len(self.layers), fix="use fewer layers (a model file's counts)")
+        whole(self.tokens, f"the model's {self.layers[0].sample}s per step", 1, MAX_SIZE, ModelError)
         for i, (a, b) in enumerate(zip(self.layers, self.layers[1:])):
             if a.out_shape != b.in_shape:
                 raise ModelError(f"layer {i + 1} ({b.cost_key}) takes {_shape(b.in_shape)} per sample but "
@@ -172,9 +175,9 @@ def model_label(model: Model) -> str:
 
 def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_bytes: int = 2) -> Model:
     """The default model: `layers` identical MLP blocks."""
-    for name, value in (("layers", layers), ("hidden", hidden), ("tokens", tokens)):
-        if value < 1:
-            raise ModelError(f"--{name} must be at least 1, got {value}")
+    for name, value, most in (("layers", layers, MAX_LAYERS), ("hidden", hidden, MAX_SIZE),
+                              ("tokens", tokens, MAX_SIZE)):
+        whole(value, f"--{name}", 1, most, ModelError)
     check_layers(layers, "the MLP stack", "use fewer --layers")
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 
@@ -187,10 +190,10 @@ def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], bl
     The stem (7x7 conv, pooling) and the classifier stay out of the pipelined layers: the model's input is
     the stem's output, widths[0] x side x side per image.
     """
-    if images < 1:
-        raise ModelError(f"--images must be at least 1, got {images}")
+    whole(images, "--images", 1, MAX_SIZE, ModelError)
     if len(widths) != len(blocks) or not blocks or min(blocks) < 1:
         raise ModelError(f"a conv net needs a width and at least one block per group, got {widths} and {blocks}")
+    whole(sum(blocks), "a conv net's blocks in all", 1, MAX_LAYERS, ModelError)
     check_layers(sum(blocks), "the conv net", "use fewer blocks")
     layers = []
     for g, (width, count) in enumerate(zip(widths, blocks)):
@@ -218,13 +221,8 @@ MODEL_FILE = ('{"tokens": N, "layers": [{"kind": "mlp", "hidden": H, "count": C}
 
 
 def read_model_file(path: str | Path) -> object:
-    """A model file's parsed JSON, or one clear error."""
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ModelError(f"model file {path} is not valid JSON ({e})") from None
+    """A model file's parsed JSON (a regular file, bounded in size and depth), or one clear error."""
+    return load_json(path, "model file", ModelError)
 
 
 def is_config(doc: object) -> bool:
@@ -236,17 +234,37 @@ def parsim_model(doc: object, path: str | Path, seq_len: int | None = None, sequ
     """A parsim model file's model (see MODEL_FILE); "images" is another name for "tokens"."""
     if seq_len is not None or sequences is not None:
         raise ModelError(f"--seq-len and --global-batch go with a transformer config; {path} is a parsim model file")
+    where = f"model file {path}"
+    specs = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise ModelError(f"{where} needs a non-empty \"layers\" list; expected {MODEL_FILE}")
+    batch = "tokens" if "tokens" in doc else "images"
+    tokens = whole(doc.get(batch), f"{where}: {batch}", 1, MAX_SIZE, ModelError)
+    counts = [_layer_count(spec, f"{where}: layers[{i}]") for i, spec in enumerate(specs)]
+    whole(sum(counts), f"{where}: the layers' counts in all", 1, MAX_LAYERS, ModelError)
     try:
         layers = []
-        for spec in doc["layers"]:
-            layer = Layer(str(spec.get("kind", "mlp")), int(spec["hidden"]), int(spec.get("dtype_bytes", 2)),
-                          int(spec.get("side", 1)))
-            layers += [layer] * int(spec.get("count", 1))
-        tokens = int(doc["tokens"] if "tokens" in doc else doc["images"])
-        if not layers or tokens < 1:
-            raise ValueError("it needs at least one layer and tokens (or images) >= 1")
+        for i, (spec, count) in enumerate(zip(specs, counts)):
+            layers += [_layer(spec, f"{where}: layers[{i}]")] * count
         return Model(tuple(layers), tokens)
     except ModelError as e:
-        raise ModelError(f"model file {path}: {e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ModelError(f"model file {path} is malformed ({type(e).__name__}: {e}); expected {MODEL_FILE}") from None
+        raise ModelError(f"{where}: {e}") from None
+
+
+def _layer_count(spec: object, where: str) -> int:
+    """A layer entry's `count` (default 1), checked before any layer is built."""
+    if not isinstance(spec, dict):
+        raise ModelError(f"{where} must be an object such as {{\"kind\": \"mlp\", \"hidden\": 512, \"count\": 4}}")
+    return whole(spec.get("count", 1), f"{where}.count", 1, MAX_LAYERS, ModelError)
+
+
+def _layer(spec: dict, where: str) -> Layer:
+    """A layer entry's Layer, each field checked for type and range."""
+    kind = text_field(spec.get("kind", "mlp"), f"{where}.kind", ModelError)
+    if kind not in KINDS:
+        raise ModelError(f"{where}.kind {kind!r} is unknown; parsim knows: {', '.join(sorted(KINDS))}")
+    if "hidden" not in spec:
+        raise ModelError(f"{where} lacks \"hidden\"; expected {MODEL_FILE}")
+    return Layer(kind, whole(spec["hidden"], f"{where}.hidden", 1, MAX_SIZE, ModelError),
+                 whole(spec.get("dtype_bytes", 2), f"{where}.dtype_bytes", 1, MAX_DTYPE_BYTES, ModelError),
+                 whole(spec.get("side", 1), f"{where}.side", 1, MAX_SIZE, ModelError))

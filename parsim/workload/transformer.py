@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsim.errors import ModelError
+from parsim.inputs import MAX_LAYERS, MAX_SIZE, shown
 from parsim.workload.layers import Part
 
 VARIANTS = ("llama", "gpt")
@@ -42,9 +43,13 @@ class TransformerShape:
             raise ModelError(f"unknown transformer variant {self.variant!r}; parsim knows: {', '.join(VARIANTS)}")
         sizes = {"hidden": self.hidden, "ffn": self.ffn, "heads": self.heads, "kv_heads": self.kv_heads,
                  "head_dim": self.head_dim, "vocab": self.vocab, "seq": self.seq, "dtype_bytes": self.dtype_bytes}
-        bad = [f"{k} {v}" for k, v in sizes.items() if not isinstance(v, int) or v < 1]
+        bad = [f"{k} {shown(v)}" for k, v in sizes.items()
+               if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SIZE]
+        positions = self.positions
+        if isinstance(positions, bool) or not isinstance(positions, int) or not 0 <= positions <= MAX_SIZE:
+            bad.append(f"positions {shown(self.positions)}")
         if bad:
-            raise ModelError(f"a transformer needs whole sizes >= 1, got {', '.join(bad)}")
+            raise ModelError(f"a transformer needs whole sizes >= 1 and <= {MAX_SIZE:,}, got {', '.join(bad)}")
         if self.heads % self.kv_heads:
             raise ModelError(f"{self.heads} attention heads do not split into {self.kv_heads} key/value groups")
         if self.variant == "gpt" and (self.kv_heads != self.heads or self.seq > self.positions):
@@ -340,8 +345,9 @@ class Head:
 
 def transformer_layers(shape: TransformerShape, blocks: int) -> tuple:
     """The embedding, `blocks` decoder blocks and the head: a transformer's pipelined layers, in order."""
-    if blocks < 1:
-        raise ModelError(f"a transformer needs at least one decoder block, got {blocks}")
+    if not 1 <= blocks <= MAX_LAYERS:
+        raise ModelError(f"a transformer needs at least one decoder block and at most {MAX_LAYERS:,}, "
+                         f"got {shown(blocks)}")
     return (Embedding(shape),) + (Decoder(shape),) * blocks + (Head(shape),)
 
 
