@@ -351,7 +351,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         terminate()
         return
     for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
+        process.kill()  # SIGKILL: one still starting has no handler of its own yet, and must not wait for one
 
 
 class _NoBar:

@@ -41,7 +41,7 @@ def _csv(*rows: str) -> str:
 
 REFUSED = [  # (argv, files it reads, what its one line says)
     (["parsim", "predict", "--layers", "10000000"], {}, "10,000,000 layers, past the 100,000"),
-    (["parsim", "predict", "--layers", "1000000000"], {}, "use fewer --layers"),
+    (["parsim", "predict", "--layers", "1000000000"], {}, "--layers: must be at most 100,000,000"),  # the flag's range
     (["parsim", "predict", "--gpus", "64", "--microbatches", "78125", "--layers", "64", "--tokens", "78125"], {},
      "use fewer --microbatches (at most"),
     (["parsim", "predict", "--gpus", "1000"], {}, "8192 tokens do not split into 4000 equal micro-batches"),
