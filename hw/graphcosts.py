@@ -3,7 +3,8 @@
 1. The host: spans around each action of a graphed runner on stages of 1-8 tiny layers, the GPU idle as
    calibrate times hw's runner: one launch per action (the intercept over depth, action_s) and what a
    layer adds (the slope, against hw's runner's per-layer cost: layer_host); the runner's own per-step
-   work outside its actions (step_s); and for one graph per step, the whole step's host time.
+   work outside its actions, split into what precedes its first action (begin_s: the GPU waits for it) and the
+   rest (step_s); and for one graph per step, the whole step's host time.
 2. The GPU: the graphed stages of hw.stage_probe (8 MLP blocks at each calibrated width, 128-8192 tokens),
    each action's time over the profile's eager cost of the same work: the ratios that price those shapes
    (gpu_ratios). For other shapes, the graphed times fitted to the profile's per-layer costs as a x their
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -50,8 +52,9 @@ class ScaleFit:
 
 
 def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 16, rounds: int = 5) -> list[dict]:
-    """Per depth: the median host span of a forward and a backward action, of the step outside its actions, and
-    of a whole step under one graph per step. Depths take turns, a step each per round (the hosts drift)."""
+    """Per depth: the median host span of a forward and a backward action, of the step outside its actions and of
+    its part before the first action, and of a whole step under one graph per step. Depths take turns, a step each
+    per round (the hosts drift)."""
     probes = []
     for k in HOST_DEPTHS:
         model, schedule = host_stage("mlp", k, 8 * microbatches), gpipe(1, microbatches)
@@ -61,16 +64,17 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
             for _ in range(3):
                 clear_grads(runner)
                 runner.step(io)
-        probes.append((k, runners, HostSpans(), [], []))
+        probes.append((k, runners, HostSpans(), [], [], []))
     sync(device)
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
-            for k, ((runner, io), (whole, whole_io)), spans, outside, wholes in probes:
+            for k, ((runner, io), (whole, whole_io)), spans, outside, before, wholes in probes:
                 clear_grads(runner)
-                before = len(spans.spans)
+                first, done = FirstStart(spans), len(spans.spans)
                 t0 = time.perf_counter()
-                runner.step(io, spans)
-                outside.append(time.perf_counter() - t0 - sum(s for _, s in spans.spans[before:]))
+                runner.step(io, first)
+                outside.append(time.perf_counter() - t0 - sum(s for _, s in spans.spans[done:]))
+                before.append(first.at - t0)
                 sync(device)  # the graphs queue faster than tiny kernels run: keep the launch queue short
                 clear_grads(whole)
                 t0 = time.perf_counter()
@@ -79,7 +83,20 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
                 sync(device)
     return [{"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
              "backward_s": statistics.median(spans.of(Op.BACKWARD)), "step_outside_s": statistics.median(outside),
-             "whole_step_s": statistics.median(wholes)} for k, _, spans, outside, wholes in probes]
+             "step_before_s": statistics.median(before), "whole_step_s": statistics.median(wholes)}
+            for k, _, spans, outside, before, wholes in probes]
+
+
+class FirstStart:
+    """An observer that passes every call on to `spans` and keeps the time the step's first action started."""
+
+    def __init__(self, spans: HostSpans):
+        self.spans, self.at = spans, math.nan
+
+    def __call__(self, action, phase: str) -> None:
+        if phase == "start" and math.isnan(self.at):
+            self.at = time.perf_counter()
+        self.spans(action, phase)
 
 
 def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], layers: int,
@@ -186,7 +203,9 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
     ratios = ratios or {}
     depth = [r["layers"] for r in host_rows]
     fits = {k: fit_affine(depth, [r[k] for r in host_rows])
-            for k in ("forward_s", "backward_s", "step_outside_s", "whole_step_s")}
+            for k in ("forward_s", "backward_s", "step_outside_s", "step_before_s", "whole_step_s") if k in host_rows[0]}
+    outside_s = fits["step_outside_s"].fixed_s
+    begin_s = min(max(fits["step_before_s"].fixed_s, 0.0), outside_s) if "step_before_s" in fits else 0.0
     action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
     layer_host = (1 / fits["forward_s"].rate + 1 / fits["backward_s"].rate) / eager_per_layer_s
     add = fit_affine([r["bytes"] for r in add_rows], [r["seconds"] for r in add_rows])
@@ -198,9 +217,11 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
                             accumulate_s=add.fixed_s, accumulate_Bps=add.rate, gpu_ratios=ratios.get(name, {}))
 
     runtimes = {"graphs": costs("graphs", action_s=action_s, p2p_s=p2p_s, layer_host=layer_host,
-                                step_s=fits["step_outside_s"].fixed_s, unmeasured=unmeasured),
+                                step_s=outside_s - begin_s, begin_s=begin_s, unmeasured=unmeasured),
+                # one rank: no messages; the same batch copy before its one replay
                 "graphs-step": costs("graphs-step", action_s=0.0, p2p_s=0.0, layer_host=0.0,
-                                     step_s=fits["whole_step_s"].fixed_s)}  # one rank: no messages
+                                     step_s=max(fits["whole_step_s"].fixed_s - begin_s, 0.0),
+                                     begin_s=min(begin_s, fits["whole_step_s"].fixed_s))}
     return runtimes, {f"host graphs {k.removesuffix('_s')}": f for k, f in fits.items()}, add
 
 

@@ -93,6 +93,7 @@ class HostCosts:
     # forward and a fused backward cost the host (hw's forward hooks, a wider autograd.grad, one backward call
     # per weighted module); charged to its weight-grad action
     split_backward_s: float = 0.0
+    begin_s: float = 0.0  # once per step and rank, before its first action (a runtime's: the batch into its buffers)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class RuntimeCosts:
     # per layer shape it was measured at ("mlp@512"), per op ("forward", "backward"): its GPU time over eager
     # PyTorch's at each measured FLOPs, (flops, ratio) rising; those shapes take these instead of the two scales
     gpu_ratios: dict[str, dict[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
+    begin_s: float = 0.0  # once per step and rank, before its first action: copying the batch in (the GPU waits)
 
 
 @dataclass(frozen=True)
@@ -226,11 +228,13 @@ class Profile:
     def with_host_slower(self, factor: float) -> Profile:
         """This profile with every host cost (per action, per message, per layer, per step) times `factor`."""
         host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
-                       step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor)
+                       step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor,
+                       begin_s=self.host.begin_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
-        runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor)
+        runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor,
+                               begin_s=r.begin_s * factor)
                     for k, r in self.runtimes.items()}
         return replace(self, host=host, layers=layers, runtimes=runtimes)
 
@@ -240,6 +244,9 @@ class Profile:
         for key in ("gil", "cpu", "gpu_memory_bytes"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
                 del doc[key]
+        for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
+            if not costs["begin_s"]:
+                del costs["begin_s"]
         return doc
 
 
@@ -247,6 +254,7 @@ class Profile:
 # 5e-324 FLOP/s or a latency of 1e308 s would). A fit's rate reaches 1e30 where a cost does not grow with the work.
 SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
 RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
+HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s")  # host costs a profile may give as 0
 SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
 CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
 MAX_COUNT = 10**6  # GPUs per node, threads, cores
@@ -318,8 +326,8 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     links_doc = _section(doc, "links", origin)
     links = {n: _link(_section(links_doc, n, f"{origin}.links"), f"{origin}.links.{n}") for n in LINK_NAMES}
     host_doc = _section(doc, "host", origin)
-    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k not in ("step_s", "split_backward_s"))
-                for k in ("launch_s", "sync_s", "step_s", "split_backward_s") if host_doc.get(k) is not None}
+    optional = {k: _number(host_doc, k, f"{origin}.host", positive=k not in HOST_OPTIONAL_ZERO)
+                for k in ("launch_s", "sync_s", *HOST_OPTIONAL_ZERO) if host_doc.get(k) is not None}
     host = HostCosts(_number(host_doc, "action_s", f"{origin}.host", positive=False),
                      _number(host_doc, "p2p_s", f"{origin}.host", positive=False), **optional)
     kernels = {}
@@ -372,8 +380,8 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     unmeasured = doc.get("unmeasured", []) if isinstance(doc, dict) else None
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
-    optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps")
-                if k in doc}
+    optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps",
+                                                                    "begin_s") if k in doc}
     ratios = doc.get("gpu_ratios", {})
     if not isinstance(ratios, dict) or not all(isinstance(v, dict) for v in ratios.values()):
         raise ProfileError(f"{where}.gpu_ratios must map layer shapes to {{op: [[flops, ratio], ...]}}, got {ratios!r}")

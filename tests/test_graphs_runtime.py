@@ -81,6 +81,20 @@ def test_one_graph_per_step_costs_one_launch_per_step(bookkeeping_s, expected):
     assert step == pytest.approx(expected or gpu_step_s(), rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b"])
+def test_bookkeeping_before_the_first_action_delays_the_gpu_and_after_the_last_hides_behind_it(name):
+    """GPU-bound on one GPU: 0.2 ms of the runtime's bookkeeping before its first launch (begin_s) adds 0.2 ms to
+    the step; the same after its last launch (step_s) is hidden behind the GPU's work."""
+    s = GRAPHS.build(name, 1, 4)
+
+    def step(**kw) -> float:
+        graphed = with_runtime(make_profile(), "graphs", action_s=2e-5, p2p_s=0.0, layer_host=0.0, **kw)
+        return predict(s, MODEL, graphed, runtime=GRAPHS)[0].step_time_s
+
+    assert step(step_s=2e-4) == pytest.approx(step(), rel=1e-12)
+    assert step(begin_s=2e-4) == pytest.approx(step() + 2e-4, rel=1e-9)
+
+
 def test_one_graph_per_step_refuses_a_pipeline_of_several_gpus():
     with pytest.raises(ScheduleError, match="one graph per step runs on one GPU"):
         STEP_GRAPH.build("1f1b", 2, 4)

@@ -33,21 +33,24 @@ def test_the_scale_fit_recovers_the_fixed_and_matmul_scales(fixed_scale, flops_s
 def test_host_spans_give_one_launch_per_action_and_layer_host_against_hws_per_layer_cost():
     """forward 12 us + 0.1 us/layer, backward 14 + 0.3: action 13 us, 0.4 us per layer of hw's 400 us."""
     rows = [{"layers": k, "forward_s": (12 + 0.1 * k) * 1e-6, "backward_s": (14 + 0.3 * k) * 1e-6,
-             "step_outside_s": (30 + 2 * k) * 1e-6, "whole_step_s": (50 + 3 * k) * 1e-6} for k in (1, 2, 4, 8)]
+             "step_outside_s": (30 + 2 * k) * 1e-6, "step_before_s": (12 + 0.5 * k) * 1e-6,
+             "whole_step_s": (50 + 3 * k) * 1e-6} for k in (1, 2, 4, 8)]
     scales = {name: fit_scales([(1.0, 1.0, 0.8 + 1.1), (1.0, 2.0, 0.8 + 2.2)]) for name in ("graphs", "graphs-step")}
     adds = [{"bytes": n, "seconds": 2e-6 + n / 4e12} for n in (1e6, 1e8, 1e10)]
     costs, fits, add = runtime_costs(rows, scales, adds, 400e-6, p2p_s=9e-6, p2p_carried=True)
     graphs, step = costs["graphs"], costs["graphs-step"]
     assert graphs.action_s == pytest.approx(13e-6, rel=1e-4)
     assert graphs.layer_host == pytest.approx(0.4 / 400, rel=1e-3)
-    assert graphs.step_s == pytest.approx(30e-6, rel=1e-4) and step.step_s == pytest.approx(50e-6, rel=1e-4)
+    # 12 us of the step's 30 us outside its actions precede the first one; graphs-step's batch copy alike
+    assert graphs.begin_s == pytest.approx(12e-6, rel=1e-4) and graphs.step_s == pytest.approx(18e-6, rel=1e-4)
+    assert step.begin_s == pytest.approx(12e-6, rel=1e-4) and step.step_s == pytest.approx(38e-6, rel=1e-4)
     assert graphs.gpu_scale == pytest.approx(1.1) and graphs.gpu_fixed_scale == pytest.approx(0.8 / 1.1)
     assert graphs.p2p_s == 9e-6 and graphs.unmeasured == ("p2p_s",)
     assert step.action_s == 0.0 and step.layer_host == 0.0
     assert graphs.accumulate_s == pytest.approx(2e-6, rel=1e-3) and graphs.accumulate_Bps == pytest.approx(4e12, rel=1e-4)
     assert step.accumulate_Bps == graphs.accumulate_Bps
     assert set(fits) == {"host graphs forward", "host graphs backward", "host graphs step_outside",
-                         "host graphs whole_step"}
+                         "host graphs step_before", "host graphs whole_step"}
 
 
 @pytest.mark.parametrize("probe_speed", [0.8, 1.0, 1.3])
@@ -87,6 +90,7 @@ def test_the_probes_run_end_to_end_on_the_cpu_and_make_loadable_costs():
     host = host_samples(CPU, torch.float32, microbatches=2, rounds=2)
     gpu = stage_samples(CPU, torch.float32, [16], graphed=True, steps=1)
     assert [r["layers"] for r in host] == [1, 2, 4, 8]
+    assert all(0 < r["step_before_s"] < r["step_outside_s"] for r in host)  # the batch copy, then the rest
     assert all(r[k] > 0 for r in gpu for k in ("eager_forward_s", "graphs_backward_s", "graphs-step_s"))
     adds = accumulate_samples(CPU, torch.float32, [16, 32], layers=1)
     assert [r["bytes"] for r in adds] == [3 * 4 * (8 * h * h + 7 * h) for h in (16, 32)]

@@ -29,10 +29,10 @@ def _profile(latency_s: float, p2p_s: float, action_s: float, step_s: float, gpu
     shared."""
     profile = make_profile(latency_s=latency_s, bandwidth_Bps=3e9, action_s=action_s, p2p_s=p2p_s,
                            gpus_per_node=gpus_per_node)
-    host = dataclasses.replace(profile.host, step_s=step_s, split_backward_s=action_s * 0.3)
+    host = dataclasses.replace(profile.host, step_s=step_s, split_backward_s=action_s * 0.3, begin_s=step_s / 3)
     torch = RuntimeCosts(action_s * 1.7, p2p_s * 0.6, step_s=step_s * 2)
     graphs = RuntimeCosts(action_s * 0.4, p2p_s, layer_host=0.0, gpu_scale=0.9, gpu_fixed_scale=0.8,
-                          accumulate_s=3e-6, accumulate_Bps=2e11)
+                          accumulate_s=3e-6, accumulate_Bps=2e11, begin_s=step_s / 2)
     step = dataclasses.replace(graphs, action_s=0.0, step_s=step_s * 3 + 1e-5)
     return dataclasses.replace(profile, host=host, collectives={"allreduce": CollectiveSpec(2e-5, 5e10)},
                                runtimes={"torch": torch, "graphs": graphs, "graphs-step": step})

@@ -101,5 +101,5 @@ def _host_floor_s(owner: tuple[int, ...], stages_of: list[list[int]], costs: lis
         messages = sum(2 * m * ((s > 0 and owner[s - 1] != rank) + (s < last and owner[s + 1] != rank))
                        for s in mine)
         reduces = sum(buckets.get(s, 1) for s in mine) if data_parallel > 1 else 0
-        busiest = max(busiest, launch_s + (messages + reduces) * host.p2p_s + host.step_s)
+        busiest = max(busiest, launch_s + (messages + reduces) * host.p2p_s + host.begin_s + host.step_s)
     return busiest

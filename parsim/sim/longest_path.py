@@ -84,6 +84,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         messages = _message_table(schedule, costs, profile, rules, end, chans, off)
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
+            host.t = profile.host.begin_s  # the runtime's bookkeeping before its first launch
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
             walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
@@ -201,7 +202,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dic
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
-    t = free = busy = 0.0
+    t, free, busy = host.t, 0.0, 0.0  # the host starts after its runtime's bookkeeping (begin_s)
     get_compute = compute.get
     graded: set[int] = set()  # stages whose first gradient action has run (with a gradient add modelled)
     for a in acts:

@@ -209,13 +209,15 @@ def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
     return more
 
 
-def finish_step(machine: Machine, step_s: float = 0.0) -> None:
-    """Each host spends step_s on its runtime's per-step bookkeeping, then synchronises once at the end of
-    the step, on everything it launched.
+def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> None:
+    """Each host spends begin_s on its runtime's per-step bookkeeping before its first launch and step_s after its
+    last, then synchronises once at the end of the step, on everything it launched.
 
     A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
     """
     for host in machine.hosts:
+        if begin_s > 0:
+            host.steps.insert(0, Launch(machine.op(f"{host.name} bookkeeping", "begin", 0.0), begin_s, begin_s))
         if step_s > 0:
             host.steps.append(Launch(machine.op(f"{host.name} bookkeeping", "step", 0.0), step_s, step_s))
         last: dict[str, Op] = {}

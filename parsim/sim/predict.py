@@ -134,7 +134,7 @@ def _run_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, c
                     for r in range(data_parallel)]
         if data_parallel > 1:
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
-        finish_step(machine, profile.host.step_s)
+        finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
     return machine
 
