@@ -257,7 +257,8 @@ def report_lines(samples: dict) -> list[str]:
     for name, c in samples["costs"].items():
         fit = samples["gpu_fits"][name]
         lines.append(f"{name}: action {c['action_s'] * 1e6:.1f} us, layer_host {c['layer_host']:.3f}, step "
-                     f"{c['step_s'] * 1e6:.1f} us, gpu_fixed_scale {c['gpu_fixed_scale']:.3f}, gpu_scale "
+                     f"{c['begin_s'] * 1e6:.1f} us before its first action + {c['step_s'] * 1e6:.1f} us after its "
+                     f"last, gpu_fixed_scale {c['gpu_fixed_scale']:.3f}, gpu_scale "
                      f"{c['gpu_scale']:.3f} (fit R^2 {fit['r2']:.4f}, worst {fit['max_rel_residual']:.1%}"
                      f"{', POOR FIT' if fit['max_rel_residual'] > 0.05 else ''}), gradient add "
                      f"{c['accumulate_s'] * 1e6:.1f} us + bytes / {c['accumulate_Bps'] / 1e9:.0f} GB/s")
