@@ -202,11 +202,10 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
     """
     ratios = ratios or {}
     depth = [r["layers"] for r in host_rows]
-    fits = {k: fit_affine(depth, [r[k] for r in host_rows])  # step_before_s: absent from samples before 72d4774
-            for k in ("forward_s", "backward_s", "step_outside_s", "step_before_s", "whole_step_s")
-            if k in host_rows[0]}
+    fits = {k: fit_affine(depth, [r[k] for r in host_rows])
+            for k in ("forward_s", "backward_s", "step_outside_s", "step_before_s", "whole_step_s")}
     outside_s = fits["step_outside_s"].fixed_s
-    begin_s = min(max(fits["step_before_s"].fixed_s, 0.0), outside_s) if "step_before_s" in fits else 0.0
+    begin_s = min(max(fits["step_before_s"].fixed_s, 0.0), outside_s)  # a part of the step outside its actions
     action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
     layer_host = (1 / fits["forward_s"].rate + 1 / fits["backward_s"].rate) / eager_per_layer_s
     add = fit_affine([r["bytes"] for r in add_rows], [r["seconds"] for r in add_rows])
