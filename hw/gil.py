@@ -13,6 +13,7 @@ GIL changed hands between launching threads.
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import sys
 import threading
@@ -102,17 +103,20 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
             "drain_s": clock() - t0, "clocks_kept_up": spinning}
 
 
-def launch_rounds(device: torch.device, points: tuple[tuple[int, float], ...], window_s: float,
-                  rounds: int) -> dict[tuple[int, float], dict]:
-    """Per (threads, hold_s): the median time per launch over rounds, and every round's loop.
+def launch_rounds(device: torch.device, points: tuple[tuple, ...], window_s: float,
+                  rounds: int) -> dict[tuple, dict]:
+    """Per point (threads, hold_s[, tag]): the median time per launch over rounds, and every round's loop.
 
-    The points take turns within each round, so a drift of the host's speed touches them all alike.
+    The points take turns within each round, so a drift of the host's speed touches them all alike, in an order
+    shuffled anew each round (seeded), so that what ran just before a point varies (one thread timed right after
+    eight ran ~15% slower than its twin earlier in the round, 2026-11-24). A tag keeps two timings of one
+    (threads, hold_s) apart (a calibration's probe and the experiment's point).
     """
-    for n, hold in points:  # warm-up: streams, the allocator's blocks, first launches
+    for n, hold, *_ in points:  # warm-up: streams, the allocator's blocks, first launches
         launch_loop(device, n, min(window_s, 0.05), hold)
-    raw: dict[tuple[int, float], list[dict]] = {p: [] for p in points}
-    for _ in range(rounds):
-        for p in points:
+    raw: dict[tuple, list[dict]] = {p: [] for p in points}
+    for k in range(rounds):
+        for p in random.Random(k).sample(points, len(points)):
             raw[p].append(launch_loop(device, p[0], window_s, p[1]))
     return {p: {"per_launch_s": statistics.median(r["per_launch_s"] for r in v), "rounds": v}
             for p, v in raw.items()}
@@ -185,15 +189,21 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
 
 
 def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
-              source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S) -> tuple[GilCosts, dict]:
+              source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
+              experiment: tuple[int, ...] = ()) -> tuple[GilCosts, dict]:
     """One thread's time per launch, its GIL-free part, and the wake-up curve from one and two threads
     launching with each hold in holds_s (GIL held longer per launch), with the raw rounds; and, unused by the
-    model, CROWD_THREADS threads at each of crowd_holds_s, read as the model reads them (`crowd`)."""
-    points = tuple((n, hold) for hold in holds_s for n in (1, 2))
-    points += tuple(p for hold in crowd_holds_s for p in ((1, hold), (CROWD_THREADS, hold)) if p not in points)
-    times = launch_rounds(device, points, window_s, rounds)
-    one = [times[(1, hold)]["per_launch_s"] for hold in holds_s]
-    launch = times[(1, holds_s[0])]["per_launch_s"]
+    model, CROWD_THREADS threads at each of crowd_holds_s, read as the model reads them (`crowd`).
+
+    experiment: thread counts of the GIL experiment to time in the same rounds, apart from the probes (the
+    experiment's one and two threads are not the probes' own): raw["experiment"], as launch_times gives them.
+    """
+    points = tuple((n, hold, "probe") for hold in holds_s for n in (1, 2))
+    points += tuple(p for hold in crowd_holds_s for p in ((1, hold, "probe"), (CROWD_THREADS, hold, "probe"))
+                    if p not in points)
+    times = launch_rounds(device, points + tuple((n, 0.0, "experiment") for n in experiment), window_s, rounds)
+    one = [times[(1, hold, "probe")]["per_launch_s"] for hold in holds_s]
+    launch = times[(1, holds_s[0], "probe")]["per_launch_s"]
     released = released_s(device)
     try:
         replicate = replicate_module_s(device)
@@ -205,16 +215,19 @@ def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, hol
                      cpu_cores(), replicate, source)
     crowd = []
     for hold in crowd_holds_s:
-        alone = times[(1, hold)]["per_launch_s"]
+        alone = times[(1, hold, "probe")]["per_launch_s"]
         ((slept, cost),) = wake_readings(CROWD_THREADS, [alone], [alone + paired_extra(times, CROWD_THREADS, hold)])
         crowd.append({"hold_s": hold, "slept_s": slept, "cost_s": cost})
-    return costs, {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
-                   "released_s": released, "crowd_threads": CROWD_THREADS, "crowd": crowd,
-                   "holds": [{"hold_s": hold, "threads": n, **times[(n, hold)]} for n, hold in points]}
+    raw = {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
+           "released_s": released, "crowd_threads": CROWD_THREADS, "crowd": crowd,
+           "holds": [{"hold_s": hold, "threads": n, **times[(n, hold, tag)]} for n, hold, tag in points]}
+    if experiment:
+        raw["experiment"] = {n: times[(n, 0.0, "experiment")] for n in experiment}
+    return costs, raw
 
 
-def paired_extra(times: dict[tuple[int, float], dict], n: int, hold: float) -> float:
+def paired_extra(times: dict[tuple, dict], n: int, hold: float) -> float:
     """n threads' extra time per launch over one thread's at the same hold, paired round by round (a drift of
     the host moves both), the median over rounds."""
-    return statistics.median(b["per_launch_s"] - a["per_launch_s"]
-                             for a, b in zip(times[(1, hold)]["rounds"], times[(n, hold)]["rounds"]))
+    return statistics.median(b["per_launch_s"] - a["per_launch_s"] for a, b in
+                             zip(times[(1, hold, "probe")]["rounds"], times[(n, hold, "probe")]["rounds"]))

@@ -9,6 +9,7 @@ the time between its first and last step, and the processes' rates add up to the
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -190,29 +191,38 @@ def speed_counts(cores: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def core_speeds(spec: str, cores: int, duration_s: float, rounds: int) -> tuple[float, dict[int, float], dict]:
+def core_speeds(spec: str, cores: int, duration_s: float, rounds: int,
+                experiment: tuple[int, ...] = ()) -> tuple[float, dict[int, float], dict, dict[int, dict]]:
     """One Hogwild step alone, and a core's speed with n processes against one alone, from the Hogwild step
     itself: n processes training the shared model, for each n in speed_counts(cores) (the counts take turns in
-    each round; medians over rounds): all their steps a second over min(n, cores), against one alone."""
+    each round; medians over rounds): all their steps a second over min(n, cores), against one alone.
+
+    experiment: process counts of the Hogwild experiment to run in the same rounds, apart from the probe's (its
+    one process is not the probe's own): per count, as measure_hogwild gives them.
+    """
     counts = (1, *speed_counts(cores))
-    runs = {n: [] for n in counts}
-    for _ in range(rounds):
-        for n in counts:
-            runs[n].append(hogwild_steps(spec, n, duration_s))
-    step = {n: statistics.median(r["step_s"] for r in v) for n, v in runs.items()}
+    points = [("probe", n) for n in counts] + [("experiment", n) for n in experiment]
+    runs: dict[tuple[str, int], list[dict]] = {p: [] for p in points}
+    for k in range(rounds):
+        for p in random.Random(k).sample(points, len(points)):  # an order shuffled each round, as hw.gil.launch_rounds
+            runs[p].append(hogwild_steps(spec, p[1], duration_s))
+    step = {n: statistics.median(r["step_s"] for r in runs[("probe", n)]) for n in counts}
     speed = {1: 1.0} | {n: step[1] / (step[n] * min(n, cores)) for n in counts[1:]}
-    return step[1], speed, {str(n): v for n, v in runs.items()}
+    measured = {n: {"step_s": statistics.median(r["step_s"] for r in runs[("experiment", n)]),
+                    "runs": runs[("experiment", n)]} for n in experiment}
+    return step[1], speed, {str(n): runs[("probe", n)] for n in counts}, measured
 
 
 def cpu_costs(spec: str, duration_s: float = 1.0, stream_bytes: int = 64 << 20, rounds: int = 2,
-              source: str = "") -> tuple[CpuCosts, dict]:
+              source: str = "", experiment: tuple[int, ...] = ()) -> tuple[CpuCosts, dict]:
     """Cores, each core's speed as more are busy (the Hogwild step's own), memory bandwidth of one core and of
-    all, and one Hogwild step of `spec` alone."""
+    all, and one Hogwild step of `spec` alone; with experiment, raw["experiment"] as in core_speeds."""
     cores = cpu_cores()
     stream = {n: rates(run_processes(_stream_job(stream_bytes), n, duration_s)) for n in (1, cores)}
     moved = 2 * stream_bytes
-    step_s, core_speed, runs = core_speeds(spec, cores, duration_s, rounds)
+    step_s, core_speed, runs, measured = core_speeds(spec, cores, duration_s, rounds, experiment)
     costs = CpuCosts(cores, core_speed, moved * statistics.median(stream[1]), moved * sum(stream[cores]),
                      step_s, spec, source, core_speed_probe="step")
-    return costs, {"speed_probe_runs": runs, "stream_rates": {str(n): r for n, r in stream.items()},
-                   "stream_bytes": moved, "duration_s": duration_s, "rounds": rounds}
+    raw = {"speed_probe_runs": runs, "stream_rates": {str(n): r for n, r in stream.items()},
+           "stream_bytes": moved, "duration_s": duration_s, "rounds": rounds}
+    return costs, raw | ({"experiment": measured} if experiment else {})

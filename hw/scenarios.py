@@ -6,6 +6,7 @@ Each function runs the same program the simulator models and returns the same fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import platform
 import statistics
@@ -130,35 +131,52 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     return scenario.figures(times)
 
 
-def measure_data_parallel(device: torch.device, window_s: float = 0.4, rounds: int = 7) -> dict:
+def measure_data_parallel(device: torch.device, window_s: float = 0.4, rounds: int = 7, calibrate: bool = False,
+                          holds_s: tuple[float, ...] | None = None, crowd_holds_s: tuple[float, ...] | None = None,
+                          source: str = "") -> dict:
     """The GIL experiment: 1-8 threads launching small kernels for window_s, each on its own stream of one GPU
-    (or CPU ops); `rounds` rounds, the counts taking turns.
+    (or CPU ops); `rounds` rounds, the counts taking turns. With calibrate, the GIL's costs (hw.gil.gil_costs,
+    holds_s and crowd_holds_s as there) are timed in the same rounds, apart from the experiment's points.
 
     nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
-    from hw.gil import BLOCK, ELEMENTS, launch_times
+    from hw.gil import BLOCK, CROWD_HOLDS_S, ELEMENTS, HOLDS_S, gil_costs, launch_times
     from hw.hogwild import machine
     from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
 
     before = machine()
-    times = launch_times(device, LAUNCH_THREADS, window_s, rounds)
-    return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}),
-            "raw": {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
-                    "machine_before": before, "machine_after": machine(),
-                    "times": {str(n): t for n, t in times.items()}}}
+    costs, calibration = {}, None
+    if calibrate:
+        gil, calibration = gil_costs(device, window_s, rounds, holds_s or HOLDS_S, source,
+                                     CROWD_HOLDS_S if crowd_holds_s is None else crowd_holds_s, LAUNCH_THREADS)
+        times, costs = calibration.pop("experiment"), {"gil": gil}
+    else:
+        times = launch_times(device, LAUNCH_THREADS, window_s, rounds)
+    raw = {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
+           "machine_before": before, "machine_after": machine(), "times": {str(n): t for n, t in times.items()}}
+    return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}), "costs": costs,
+            "raw": raw | ({"calibration": calibration} if calibration else {})}
 
 
 def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 3,
-                    counts: tuple[int, ...] | None = None) -> dict:
-    """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused)."""
-    from hw.hogwild import machine, measure_hogwild as measure
+                    counts: tuple[int, ...] | None = None, calibrate: bool = False, source: str = "") -> dict:
+    """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused).
+    With calibrate, the CPU's costs (hw.hogwild.cpu_costs) are measured in the same rounds, apart from the
+    experiment's counts."""
+    from hw.hogwild import cpu_costs, machine, measure_hogwild as measure
     from parsim.scenarios.interfaces import HOGWILD_MODEL, HOGWILD_PROCESSES, hogwild_ratios
 
-    spec = spec or HOGWILD_MODEL
+    spec, counts = spec or HOGWILD_MODEL, counts or HOGWILD_PROCESSES
     before = machine()
-    runs = measure(spec, counts or HOGWILD_PROCESSES, duration_s, rounds)
-    return {"figures": hogwild_ratios({n: r["step_s"] for n, r in runs.items()}),
-            "raw": {"model": spec, "duration_s": duration_s, "rounds": rounds, "machine_before": before,
-                    "machine_after": machine(), "runs": {str(n): r for n, r in runs.items()}}}
+    costs, calibration = {}, None
+    if calibrate:
+        cpu, calibration = cpu_costs(spec, duration_s, rounds=rounds, source=source, experiment=counts)
+        runs, costs = calibration.pop("experiment"), {"cpu": cpu}
+    else:
+        runs = measure(spec, counts, duration_s, rounds)
+    raw = {"model": spec, "duration_s": duration_s, "rounds": rounds, "machine_before": before,
+           "machine_after": machine(), "runs": {str(n): r for n, r in runs.items()}}
+    return {"figures": hogwild_ratios({n: r["step_s"] for n, r in runs.items()}), "costs": costs,
+            "raw": raw | ({"calibration": calibration} if calibration else {})}
 
 
 MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu,
@@ -166,7 +184,9 @@ MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": meas
 TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16},
         "data-parallel": {"window_s": 0.01, "rounds": 2},
         "hogwild": {"spec": "1x16x8", "duration_s": 0.2, "rounds": 1, "counts": (1, 2)}}
+TINY_PROBES = {"data-parallel": {"holds_s": (0.0, 32e-6), "crowd_holds_s": (32e-6,)}, "hogwild": {}}  # --calibrate
 ON_ANY_MACHINE = ("data-parallel", "hogwild")  # they run on the CPU where no GPU is visible, at full size
+CALIBRATED = ("data-parallel", "hogwild")  # they can time their profile section (gil, cpu) in their own rounds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +194,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="run on the CPU at tiny sizes (a smoke test)")
     parser.add_argument("--out", type=flags.path, metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--profile", type=flags.path, metavar="FILE", help="profile for the prediction shown beside it")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="data-parallel, hogwild: time the costs the prediction needs (the profile's gil, cpu "
+                             "section) in the same rounds as the experiment, apart from its points, and predict "
+                             "from them: the lent hosts drift within minutes")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -181,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.cpu and args.profile:
         raise ParsimError("--profile is for the prediction shown beside a full-size run; --cpu makes none")
+    if args.calibrate and args.name not in CALIBRATED:
+        raise ParsimError(f"--calibrate is for {' and '.join(CALIBRATED)}, whose costs are timed beside them; "
+                          f"calibrate the others with `python -m hw calibrate`")
     profile = load_profile(args.profile) if args.profile else None  # a bad one fails now, not after the run
     gpu = torch.cuda.is_available()
     if not args.cpu and not gpu and args.name not in ON_ANY_MACHINE:
@@ -197,20 +224,27 @@ def main(args: argparse.Namespace) -> int:
 def _result(args: argparse.Namespace, gpu: bool, profile) -> dict:
     """The scenario measured here, with parsim's prediction of it beside (not with --cpu)."""
     device = torch.device("cuda", 0) if gpu and not args.cpu and args.name != "hogwild" else torch.device("cpu")
-    raw = None
+    raw, costs = None, {}
     if args.name in PIPELINE_SCENARIOS:
         figures = measure_pipeline_scenario(PIPELINE_SCENARIOS[args.name], args.cpu)
     else:
-        figures = MEASURE[args.name](device, **(TINY[args.name] if args.cpu else {}))
-        if "figures" in figures:  # the scenario kept its raw timings too
-            figures, raw = figures["figures"], figures["raw"]
+        sizes = TINY[args.name] | (TINY_PROBES[args.name] if args.calibrate else {}) if args.cpu else {}
+        if args.calibrate:
+            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            sizes |= {"calibrate": True, "source": f"{_device_name(device)}, torch {torch.__version__}, "
+                                                   f"python -m hw {' '.join(sys.argv[1:])}, {now}"}
+        figures = MEASURE[args.name](device, **sizes)
+        if "figures" in figures:  # the scenario kept its raw timings (and, with --calibrate, its costs) too
+            figures, raw, costs = figures["figures"], figures["raw"], figures["costs"]
     result = {"scenario": args.name, "measured": figures, "device": _device_name(device),
               "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "python": platform.python_version(), "tiny": bool(args.cpu)}
     if raw is not None:
         result |= {"command": "python -m hw " + " ".join(sys.argv[1:]), "raw": raw}
+    if costs:
+        result["calibrated"] = {name: dataclasses.asdict(c) for name, c in costs.items()}
     if not args.cpu:
-        result["predicted"] = _predicted(args.name, profile)
+        result["predicted"] = _predicted(args.name, profile, costs)
     return result
 
 
@@ -218,13 +252,14 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
-def _predicted(name: str, profile) -> dict | str:
-    """parsim's figures for the same scenario from `profile` (None: the shipped one), or why there are none."""
+def _predicted(name: str, profile, costs: dict | None = None) -> dict | str:
+    """parsim's figures for the same scenario from `profile` (None: the shipped one) with the sections in `costs`
+    replaced (timed beside the experiment), or why there are none."""
     from parsim.errors import ProfileError
     from parsim.profile import load_profile
     from parsim.scenarios import SCENARIOS
 
     try:
-        return SCENARIOS[name](profile or load_profile()).figures
+        return SCENARIOS[name](dataclasses.replace(profile or load_profile(), **(costs or {}))).figures
     except ProfileError as e:
         return f"no prediction: {e}"

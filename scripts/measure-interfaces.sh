@@ -5,9 +5,12 @@
 # hands in each; the Hogwild step alone and in 3, 6, 12, .. processes; memory bandwidth), then the GIL experiment
 # (1-8 Python threads launching small kernels for a fixed time, each on its own stream of GPU 0) and Hogwild (1, 2,
 # 4, 8, 16 processes training one shared model on the CPU cores), each measured beside parsim's prediction from
-# those costs, in one lease. About 2 minutes on one H200 with 16 cores (4 at most: each part is bounded by `timeout`,
-# and one failing does not stop the rest). Files: profile.json (+ .samples.json), data-parallel.json,
-# hogwild.json, gil-switches.json (how often the GIL changed hands, scripts/gil_switches.py), log.txt (what each
+# those costs, in one lease; each experiment with `--calibrate`: its costs timed again in its own rounds, apart from
+# its points, and predicted from those (the prediction from profile.json, a minute older, can be redone offline).
+# About 4 minutes on one H200 with 16 cores (7 at most: each part is bounded by `timeout`, and one failing does not
+# stop the rest). Files: profile.json (+ .samples.json), data-parallel.json, hogwild.json, gil-switches.json (how
+# often the GIL changed hands, scripts/gil_switches.py), gil-handoffs.json (each hand-off's gap, launches that
+# allocate their result against ones that write into their own, scripts/gil_handoffs.py), log.txt (what each
 # part printed, its exit status and seconds), cpu.txt (lscpu, the GPU) and clocks.csv (the GPU's clocks every
 # 200 ms, where there is one).
 #   usage: scripts/measure-interfaces.sh OUT_DIR
@@ -32,9 +35,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv >> "$out/cpu.t
 nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu --format=csv -lms 200 > "$out/clocks.csv" 2>/dev/null &
 clocks=$!
 step 100 "$py" -m hw calibrate --interfaces --out "$out/profile.json" --force
-step 55 "$py" -m hw scenario data-parallel --profile "$out/profile.json" --out "$out/data-parallel.json"
-step 60 "$py" -m hw scenario hogwild --profile "$out/profile.json" --out "$out/hogwild.json"
+step 120 "$py" -m hw scenario data-parallel --calibrate --profile "$out/profile.json" --out "$out/data-parallel.json"
+step 120 "$py" -m hw scenario hogwild --calibrate --profile "$out/profile.json" --out "$out/hogwild.json"
 step 25 "$py" scripts/gil_switches.py "$out/gil-switches.json"
+step 60 "$py" scripts/gil_handoffs.py "$out/gil-handoffs.json" 3 free,free-out
 kill "$clocks" 2>/dev/null
 wait "$clocks" 2>/dev/null
 [ -s "$out/clocks.csv" ] || rm -f "$out/clocks.csv"

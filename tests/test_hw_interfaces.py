@@ -85,9 +85,43 @@ def test_core_speed_probes_avoid_the_experiment_counts(cores, counts):
 
 
 def test_core_speeds_come_from_the_hogwild_step_itself():
-    step_s, speed, runs = core_speeds("1x16x8", cores=2, duration_s=0.1, rounds=1)
+    step_s, speed, runs, measured = core_speeds("1x16x8", cores=2, duration_s=0.1, rounds=1)
     assert step_s > 0 and set(speed) == {1, 3, 6, 12} and speed[1] == 1.0 and all(s > 0 for s in speed.values())
     assert set(runs) == {"1", "3", "6", "12"} and all(r["params_moved"] for v in runs.values() for r in v)
+    assert measured == {}
+
+
+def test_core_speeds_run_the_experiment_in_their_rounds_apart_from_the_probe():
+    _, _, runs, measured = core_speeds("1x16x8", cores=2, duration_s=0.05, rounds=2, experiment=(1, 2))
+    assert set(measured) == {1, 2} and all(len(m["runs"]) == 2 and m["step_s"] > 0 for m in measured.values())
+    assert all(a is not b for a in runs["1"] for b in measured[1]["runs"])  # its one process is not the probe's
+
+
+def test_gil_costs_time_the_experiment_in_their_rounds_apart_from_the_probes():
+    _, raw = gil_costs(CPU, window_s=0.01, rounds=2, holds_s=(0.0,), crowd_holds_s=(), experiment=(1, 2, 3))
+    assert set(raw["experiment"]) == {1, 2, 3} and all(len(t["rounds"]) == 2 for t in raw["experiment"].values())
+    probe = next(h for h in raw["holds"] if (h["threads"], h["hold_s"]) == (1, 0.0))
+    assert all(a is not b for a in probe["rounds"] for b in raw["experiment"][1]["rounds"])
+
+
+def test_a_calibrated_section_replaces_the_profiles_in_the_prediction():
+    from hw.scenarios import _predicted
+
+    shipped = load_profile()
+    slower = {"cpu": dataclasses.replace(shipped.cpu, step_s=2 * shipped.cpu.step_s)}
+    plain, calibrated = _predicted("hogwild", None), _predicted("hogwild", None, slower)
+    steps = [k for k in plain if k.endswith("_s")]
+    assert steps and all(calibrated[k] == pytest.approx(2 * plain[k]) for k in steps)
+
+
+def test_scenario_calibrate_keeps_its_costs_and_refuses_scenarios_without_them(tmp_path):
+    out = tmp_path / "h.json"
+    result = _hw("scenario", "hogwild", "--cpu", "--calibrate", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["calibrated"]["cpu"]["core_speed_probe"] == "step" and doc["raw"]["calibration"]["speed_probe_runs"]
+    refused = _hw("scenario", "async", "--calibrate")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--calibrate" in refused.stderr
 
 
 def test_calibrate_interfaces_adds_both_sections_to_the_base(tmp_path):
