@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from hw.models import build_layers
 from hw.teardown import die_with_parent
+from hw.workers import stop_ranks
 from parsim.errors import ParsimError
 from parsim.interrupts import default_signals, note
 from parsim.profile import CpuCosts
@@ -71,11 +72,9 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
         raise ParsimError(f"a worker of {processes} did not finish ({'; '.join(said) or type(e).__name__}; "
                           f"exit codes {codes})") from None
     except BaseException as e:  # Ctrl-C, SIGTERM or SIGHUP (parsim.interrupts): stop the workers now
-        running = [p for p in procs if p.is_alive()]
-        for p in running:
-            p.kill()
-        if running:
-            note(e, f"stopped {len(running)} worker process(es) (pids {', '.join(str(p.pid) for p in running)})")
+        stopped = stop_ranks(procs, grace_s=0.0)
+        if stopped:
+            note(e, f"stopped {len(stopped)} worker process(es) (pids {', '.join(str(procs[r].pid) for r in stopped)})")
         raise
     finally:
         for p in procs:
@@ -137,13 +136,21 @@ def hogwild_steps(spec: str, processes: int, duration_s: float) -> dict:
     return {"step_s": 1 / sum(per_process), "process_rates": per_process, "params_moved": moved}
 
 
-def measure_hogwild(spec: str, counts: tuple[int, ...], duration_s: float, rounds: int) -> dict:
+def hogwild_rounds(spec: str, points: list[tuple[str, int]], duration_s: float, rounds: int) -> dict[tuple, dict]:
+    """Per point (tag, processes): `rounds` runs, the points taking turns in an order shuffled each round (seeded,
+    as hw.gil.launch_rounds); the median seconds per step and every run. A tag keeps two timings of one count
+    apart (the core-speed probe's and the experiment's)."""
+    runs: dict[tuple[str, int], list[dict]] = {p: [] for p in points}
+    for k in range(rounds):
+        for p in random.Random(k).sample(points, len(points)):
+            runs[p].append(hogwild_steps(spec, p[1], duration_s))
+    return {p: {"step_s": statistics.median(r["step_s"] for r in v), "runs": v} for p, v in runs.items()}
+
+
+def measure_hogwild(spec: str, counts: tuple[int, ...], duration_s: float, rounds: int) -> dict[int, dict]:
     """Each process count `rounds` times, the counts taking turns; the median seconds per step of each."""
-    raw: dict[int, list[dict]] = {n: [] for n in counts}
-    for _ in range(rounds):
-        for n in counts:
-            raw[n].append(hogwild_steps(spec, n, duration_s))
-    return {n: {"step_s": statistics.median(r["step_s"] for r in runs), "runs": runs} for n, runs in raw.items()}
+    runs = hogwild_rounds(spec, [("experiment", n) for n in counts], duration_s, rounds)
+    return {n: runs[("experiment", n)] for n in counts}
 
 
 def cpu_name() -> str:
@@ -201,16 +208,12 @@ def core_speeds(spec: str, cores: int, duration_s: float, rounds: int,
     one process is not the probe's own): per count, as measure_hogwild gives them.
     """
     counts = (1, *speed_counts(cores))
-    points = [("probe", n) for n in counts] + [("experiment", n) for n in experiment]
-    runs: dict[tuple[str, int], list[dict]] = {p: [] for p in points}
-    for k in range(rounds):
-        for p in random.Random(k).sample(points, len(points)):  # an order shuffled each round, as hw.gil.launch_rounds
-            runs[p].append(hogwild_steps(spec, p[1], duration_s))
-    step = {n: statistics.median(r["step_s"] for r in runs[("probe", n)]) for n in counts}
+    runs = hogwild_rounds(spec, [("probe", n) for n in counts] + [("experiment", n) for n in experiment],
+                          duration_s, rounds)
+    step = {n: runs[("probe", n)]["step_s"] for n in counts}
     speed = {1: 1.0} | {n: step[1] / (step[n] * min(n, cores)) for n in counts[1:]}
-    measured = {n: {"step_s": statistics.median(r["step_s"] for r in runs[("experiment", n)]),
-                    "runs": runs[("experiment", n)]} for n in experiment}
-    return step[1], speed, {str(n): runs[("probe", n)] for n in counts}, measured
+    return (step[1], speed, {str(n): runs[("probe", n)]["runs"] for n in counts},
+            {n: runs[("experiment", n)] for n in experiment})
 
 
 def cpu_costs(spec: str, duration_s: float = 1.0, stream_bytes: int = 64 << 20, rounds: int = 2,
