@@ -12,7 +12,9 @@ GIL back) to the start of the next, where torch's binding drops it. Per (placeme
 and each hand-off's gap (from one thread's launch start to the next holder's launch end, which includes the
 launch's GIL-held part) against how long the thread taking the GIL had waited, binned. If the gap grows with the
 waiting time under `free` and `spread` but not under `one`, a hand-off's cost is the wake-up of an idle core; if it
-grows with N at equal waiting times, something else sets it.
+grows with N at equal waiting times, something else sets it. A variant's suffix sets what each launch does with
+memory (`logged_loop`): none, it allocates its result and frees it (as the experiment); `-out`, neither; `-keep`, it
+allocates and frees nothing; `-del`, it frees a tensor made beforehand and allocates nothing; e.g. `free-keep`.
 """
 
 from __future__ import annotations
@@ -67,11 +69,20 @@ def placement_cpus(placement: str, threads: int, cpus: list[int]) -> list[set[in
     return [cpu(i) for i in range(threads)]  # spread
 
 
-def logged_loop(device: torch.device, threads: int, placement: str, cpus: list[int], out: bool = False) -> dict:
+MEMORY = ("alloc", "out", "keep", "del")  # what a launch does with memory: variant suffixes "", "-out", "-keep", "-del"
+KEPT = {"cuda": 40_000, "cpu": 150_000}  # tensors a thread may keep (-keep) or free (-del): more than it launches
+                                        # in WINDOW_S (a launch takes 6 us at least on the H200s, 1.5 us on a CPU)
+
+
+def logged_loop(device: torch.device, threads: int, placement: str, cpus: list[int], memory: str = "alloc") -> dict:
     """`threads` threads launching for WINDOW_S, each bound as `placement` says; every launch's (start, end).
-    With out, each launch writes into a tensor of its thread's (torch.add(x, 1, out=y)): no allocation, no free."""
+    memory: "alloc", each launch allocates its result and frees it (`x + 1`, as the experiment); "out", it writes
+    into a tensor of its thread's (torch.add(x, 1, out=y)): no allocation, no free; "keep", it allocates its result
+    and keeps it (freed after the window): an allocation without a free; "del", it writes into its thread's tensor
+    and frees one tensor made before the window: a free without an allocation."""
     xs = [torch.ones(ELEMENTS[device.type], device=device) for _ in range(threads)]
     ys = [torch.empty_like(x) for x in xs]
+    spare = [[torch.empty_like(x) for _ in range(KEPT[device.type] if memory == "del" else 0)] for x in xs]
     streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(threads)]
     bound = placement_cpus(placement, threads, cpus)
     go = threading.Barrier(threads + 1)
@@ -81,7 +92,7 @@ def logged_loop(device: torch.device, threads: int, placement: str, cpus: list[i
     def work(i: int) -> None:
         if bound[i] is not None:
             os.sched_setaffinity(threading.get_native_id(), bound[i])
-        x, y, log, n = xs[i], ys[i], logs[i], 0
+        x, y, log, n, kept, pool = xs[i], ys[i], logs[i], 0, [], spare[i]
         with torch.cuda.stream(streams[i]) if streams[i] is not None else contextlib.nullcontext():
             go.wait()
             end = deadline[0]
@@ -89,10 +100,15 @@ def logged_loop(device: torch.device, threads: int, placement: str, cpus: list[i
                 t0 = clock()
                 if t0 >= end:
                     break
-                if out:
-                    torch.add(x, 1, out=y)
-                else:
+                if memory == "alloc":
                     x + 1
+                elif memory == "out":
+                    torch.add(x, 1, out=y)
+                elif memory == "keep":
+                    kept.append(x + 1)
+                else:
+                    torch.add(x, 1, out=y)
+                    pool.pop()
                 log.append((t0, clock()))
                 n += 1
         counts[i] = n
@@ -146,6 +162,14 @@ def summary(run: dict, sample: bool) -> dict:
     return out
 
 
+def variant(name: str) -> tuple[str, str]:
+    """A variant's (placement, memory): "spread-keep" -> ("spread", "keep"); no suffix: "alloc"."""
+    placement, _, memory = name.partition("-")
+    if memory not in MEMORY[1:] + ("",) or placement not in ("free", "one", "two", "spread"):
+        raise SystemExit(f"gil_handoffs.py: unknown variant {name!r}")
+    return placement, memory or "alloc"
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -153,13 +177,16 @@ def main() -> None:
     cpus = physical_cpus()
     variants = sys.argv[3].split(",") if len(sys.argv) > 3 else ["free", "one", "two", "spread"]
     points = [(v, n) for v in variants for n in COUNTS if not (n == 1 and v in ("two", "spread"))]
+    def loop(v: str, n: int) -> dict:
+        placement, memory = variant(v)
+        return logged_loop(device, n, placement, cpus, memory)
+
     for v, n in points:  # warm-up
-        logged_loop(device, n, v.removesuffix("-out"), cpus, v.endswith("-out"))
+        loop(v, n)
     runs: dict[str, list[dict]] = {f"{v}:{n}": [] for v, n in points}
     for r in range(rounds):
         for v, n in points:
-            runs[f"{v}:{n}"].append(summary(logged_loop(device, n, v.removesuffix("-out"), cpus, v.endswith("-out")),
-                                            sample=r == 0))
+            runs[f"{v}:{n}"].append(summary(loop(v, n), sample=r == 0))
     for key, rs in runs.items():
         med = statistics.median(x["per_launch_s"] for x in rs)
         gap = statistics.median(x.get("gap_median_s", float("nan")) for x in rs)

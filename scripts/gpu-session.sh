@@ -6,10 +6,13 @@
 #     smoke        seconds-long checks of each runtime and of the transformer modules on this GPU
 #     calibrate    hw calibrate --gpus 1 --conv --transformer --runtimes torch,graphs            (~3 min)
 #     quickcal     hw calibrate --gpus 1 --runtimes torch,graphs: what the MLP grids need          (~2 min)
+#     torchcal     hw calibrate --gpus 1 --runtimes torch: what hostgrid, midgrid and bigrid need   (~3.5 min)
 #     graphscheck  the graphed runtimes' gradients against one device, every schedule (scripts/graphs_gpu_check.py)
 #     grid         hw validate, runtimes hw,torch,graphs in turns: 16x512x4096 and 16x2048x8192, GPipe, 1F1B and
 #                  interleaved 1F1B at 1, 4, 16, 32 micro-batches, from `calibrate`'s profile (issues 12, 13)
 #     bigrid       the same for 16x4096x16384 with runtimes hw,torch (issue 12)
+#     hostgrid     grid's host-bound stack alone (16x512x4096), runtimes hw,torch (issue 12)
+#     midgrid      grid's 16x2048x8192 alone, runtimes hw,torch (issue 12)
 #     transformer  scripts/measure-transformer.sh: its own calibration, then the Llama-shaped model (issue 14)
 #     interfaces   scripts/measure-interfaces.sh: the GIL experiment and Hogwild with their calibration (issue 19)
 #     grid2        hw validate on 2 GPUs, runtimes hw,torch,graphs in turns: 16x2048x8192 and 16x512x4096, every
@@ -76,10 +79,13 @@ for part in "$@"; do
     smoke) smoke ;;
     calibrate) step 300 calibrate python -m hw calibrate --gpus "$gpus" --conv --transformer --runtimes torch,graphs \
                  --out "$profile" --force ;;
+    torchcal) step 300 calibrate python -m hw calibrate --gpus "$gpus" --runtimes torch --out "$profile" --force ;;
     quickcal) step 300 calibrate python -m hw calibrate --gpus "$gpus" --runtimes torch,graphs --out "$profile" --force ;;
     graphscheck) step 120 graphscheck python scripts/graphs_gpu_check.py "$work/graphs-check.json" ;;
     grid) grid grid hw,torch,graphs 16x512x4096,16x2048x8192 ;;
     bigrid) grid bigrid hw,torch 16x4096x16384 ;;
+    hostgrid) grid hostgrid hw,torch 16x512x4096 1 gpipe,1f1b,interleaved-1f1b 1,4,16,32 380 ;;
+    midgrid) grid midgrid hw,torch 16x2048x8192 1 gpipe,1f1b,interleaved-1f1b 1,4,16,32 380 ;;
     splitgrid) grid splitgrid hw,torch,graphs 16x512x4096,16x2048x8192 2 1f1b,zb-h1,zbv,dualpipev 8,32 200 ;;
     grid2) grid grid2 hw,torch,graphs 16x2048x8192,16x512x4096 2 gpipe,1f1b,interleaved-1f1b,zbv,dualpipev 4,8,16,32 \
              420 ;;

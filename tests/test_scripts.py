@@ -16,3 +16,32 @@ SCRIPTS = sorted((Path(__file__).parent.parent / "scripts").glob("*.py"))
 def test_each_script_imports(path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))  # main() runs only as __main__
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gil_handoffs_variants_name_a_placement_and_what_a_launch_does_with_memory():
+    handoffs = _script("gil_handoffs")
+    assert handoffs.variant("free") == ("free", "alloc")
+    assert handoffs.variant("spread-out") == ("spread", "out")
+    assert handoffs.variant("free-del") == ("free", "del")
+    with pytest.raises(SystemExit, match="unknown variant"):
+        handoffs.variant("free-leak")
+
+
+@pytest.mark.parametrize("memory", ["alloc", "out", "keep", "del"])
+def test_gil_handoffs_loop_logs_every_launch_of_every_thread_whatever_it_does_with_memory(memory, monkeypatch):
+    import torch
+
+    handoffs = _script("gil_handoffs")
+    monkeypatch.setattr(handoffs, "WINDOW_S", 0.02)
+    monkeypatch.setitem(handoffs.KEPT, "cpu", 50_000)
+    run = handoffs.logged_loop(torch.device("cpu"), 2, "free", handoffs.physical_cpus(), memory)
+    assert all(n > 0 for n in run["launches"])
+    assert [len(log) for log in run["logs"]] == run["launches"]
+    assert run["per_launch_s"] > 0
