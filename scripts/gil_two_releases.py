@@ -15,11 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's parsim, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw and parsim, run from anywhere
+from hw.gil import paired_extra  # noqa: E402
 from parsim.profile import GilCosts  # noqa: E402
-from parsim.sim.gil import Gil, GilLaunch, gil_thread, non_decreasing, wake_cost  # noqa: E402
+from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost, wake_curve  # noqa: E402
 from parsim.sim.machine import Machine  # noqa: E402
 
 RELEASES = 2
@@ -53,30 +52,20 @@ def pace(curve, held_s: float, released_s: float, threads: int, hold_s: float,
     return (ends[-1] - ends[skip - 1]) / (len(ends) - skip) * RELEASES, statistics.median(slept) if slept else 0.0
 
 
-def fitted_curve(slept: list[float], cost: list[float]) -> tuple[tuple[float, float], ...]:
-    pairs = sorted(zip(slept, cost))
-    return tuple(zip([s for s, _ in pairs], np.maximum(non_decreasing([c for _, c in pairs]), 0.0)))
-
-
 def main() -> None:
     run = json.loads(Path(sys.argv[1]).read_text())
     gil = GilCosts(**{k: tuple(map(tuple, v)) if k == "wake" else v for k, v in run["calibrated"]["gil"].items()})
-    probes = run["raw"]["calibration"]["holds"]
-    holds = sorted({p["hold_s"] for p in probes if p["threads"] == 2})
-
-    def probe(n: int, hold: float) -> dict:
-        return next(p for p in probes if p["threads"] == n and p["hold_s"] == hold)
-
-    one = [probe(1, h)["per_launch_s"] for h in holds]
-    two = [o + statistics.median(b["per_launch_s"] - a["per_launch_s"] for a, b in
-                                 zip(probe(1, h)["rounds"], probe(2, h)["rounds"])) for o, h in zip(one, holds)]
+    times = {(p["threads"], p["hold_s"], "probe"): p for p in run["raw"]["calibration"]["holds"]}
+    holds = sorted(hold for n, hold, _ in times if n == 2)
+    one = [times[(1, h, "probe")]["per_launch_s"] for h in holds]
+    two = [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds)]  # as hw.gil.gil_costs reads them
     held, released = gil.held_s, gil.released_s or 0.0
     cost, slept = [3e-6] * len(holds), list(one)
     for _ in range(ITERATIONS):
-        sims = [pace(fitted_curve(slept, cost), held, released, 2, h) for h in holds]
+        sims = [pace(wake_curve(list(zip(slept, cost))), held, released, 2, h) for h in holds]
         cost = [max(c + (t - s) / RELEASES, 0.0) for c, t, (s, _) in zip(cost, two, sims)]
         slept = [s for _, s in sims]
-    curve = fitted_curve(slept, cost)
+    curve = wake_curve(list(zip(slept, cost)))
     print("curve (idle us, cost us):", [(round(s * 1e6), round(c * 1e6, 1)) for s, c in curve])
     measured = {int(n): t["per_launch_s"] for n, t in run["raw"]["times"].items()}
     for n in sorted(measured):

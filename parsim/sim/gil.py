@@ -49,12 +49,17 @@ def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[f
     two threads that hold the GIL some extra time after each launch (the k-th hold).
 
     Each probe is read as the model runs it (`wake_readings`); with two threads the sleeper's core has been idle
-    for one launch of the other, one_s[k], and each launch costs two_s[k] - one_s[k] more than alone. The costs
-    are fitted to a curve that never falls as the core sleeps longer (a deeper idle state is never quicker to
-    leave), and never below zero.
+    for one launch of the other, one_s[k], and each launch costs two_s[k] - one_s[k] more than alone; the
+    readings are fitted as `wake_curve` fits them.
     """
-    slept, extra = np.array(sorted(wake_readings(2, one_s, two_s)), dtype=float).reshape(-1, 2).T
-    fitted = np.maximum(non_decreasing(extra), 0.0)
+    return wake_curve(wake_readings(2, one_s, two_s))
+
+
+def wake_curve(readings: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(slept_s, cost_s) readings as a curve: in order of sleep, the costs fitted never to fall as the core sleeps
+    longer (a deeper idle state is never quicker to leave) and never below zero."""
+    slept, cost = np.array(sorted(readings), dtype=float).reshape(-1, 2).T
+    fitted = np.maximum(non_decreasing(cost), 0.0)
     return tuple((float(s), float(c)) for s, c in zip(slept, fitted))
 
 
