@@ -39,10 +39,10 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
     On CUDA a spin kernel of `lead_cycles` (4M: ~2 ms at H200 clocks) keeps the GPU busy while the
     host queues `batch` calls, so CUDA events around them time the GPU alone; on the CPU it is wall time.
     heat > 0 puts that many large bf16 matmuls first (~1.5 ms each on an H200; scripts/gpu_spans.py).
-    sustained_s > 0: where a call keeps the GPU busy longer than the host takes to issue it (so a step
-    would run such calls back to back, the host ahead), they are timed back to back after `sustained_s` of
-    them, at the clock the GPU holds under that load: an H200 at its power cap drops from 1980 to ~1630 MHz within
-    ~0.1 s of sustained matmuls (data/diagnose/h200-2026-11-24/), which a call fresh from idle never sees.
+    sustained_s > 0: the calls are timed after `sustained_s` of them at the pace a step at this host's speed
+    keeps (duty_lead_s), at the clock the GPU holds under that load: an H200 at its power cap drops from 1980 to
+    ~1630 MHz within ~0.1 s of sustained matmuls (data/diagnose/h200-2026-11-24/), which a call fresh from idle
+    never sees, and less where the host leaves it idle part of the time.
     """
     if device.type != "cuda":
         return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
@@ -68,13 +68,39 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
     return statistics.median(times)
 
 
+SPIN_HZ = 2.0e9  # torch.cuda._sleep's cycles per second at an H200's top SM clock (1980 MHz): a spin lasts no less
+LEAD_MARGIN = 1.2  # the host's pace varies call to call: a lead this much longer than the mean gap keeps it ahead
+
+
+def duty_lead_s(gpu_s: float, host_s: float) -> float | None:
+    """How long a spin kernel must run before each call, so that the host has queued the whole call before the
+    GPU reaches it: 0 where the host (`host_s`, its slowest issue of the call) is faster than the GPU (back to
+    back), else a little over the difference. The GPU then runs the calls at about the duty a step at this host's
+    pace gives it (gpu_s / host_s), so at the clock that duty holds, and no host gap falls inside a call.
+    None where the host is over twice as slow: the GPU idles half the time or more, under its power cap (an H200
+    at duty ~0.75 ran a stage in its fresh time), so the call is timed fresh behind a long spin, which a slow
+    host's gaps cannot reach (behind a lead this short they did: a layer probe at h=256 timed 4x its cost)."""
+    if host_s > 2 * gpu_s:
+        return None
+    return LEAD_MARGIN * max(0.0, host_s - gpu_s)
+
+
+def spin(seconds: float) -> None:
+    """Keep the current CUDA stream busy for about `seconds` (longer where the SM clock is below its top)."""
+    if seconds > 0:
+        torch.cuda._sleep(int(seconds * SPIN_HZ))
+
+
 def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, repeat: int, lead_cycles: int,
                  sustained_s: float) -> float | None:
-    """gpu_time_s's sustained timing, or None where the host issues a call slower than the GPU runs it."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    host_s = time.perf_counter() - t0
+    """gpu_time_s's sustained timing: the calls at the duty this host's pace gives the GPU (duty_lead_s), after
+    `sustained_s` of them, each between its own events; None where they are to be timed fresh."""
+    host = []  # the slowest of five, as stage_probe._host_step_s
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - t0)
     sync(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(lead_cycles)
@@ -83,12 +109,15 @@ def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, rep
     end.record()
     end.synchronize()
     one_s = start.elapsed_time(end) / 1e3
-    if one_s < host_s:
+    lead_s = duty_lead_s(one_s, max(host))
+    if lead_s is None:
         return None
-    for _ in range(int(np.ceil(sustained_s / one_s))):
+    for _ in range(int(np.ceil(sustained_s / (one_s + lead_s)))):
+        spin(lead_s)
         fn()
     spans = []
-    for _ in range(repeat * batch):  # each call between its own events: a late host's gaps between calls do not count
+    for _ in range(repeat * batch):
+        spin(lead_s)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

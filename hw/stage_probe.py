@@ -1,9 +1,10 @@
 """hw's own runners timed on a stage of MLP blocks at each calibrated width and micro-batch size (`hw calibrate`).
 
 A stage of 8 blocks (2 on the CPU), one micro-batch, under hw's eager runner and, with `--runtimes graphs`, its
-graphed runners: each action's GPU time, as a step runs it. Where the step keeps the GPU busier than its host,
-it is timed back to back at the clock the GPU holds under that load (an H200 at its power cap), else fed by a
-spin kernel. The eager stages correct the layer costs at their shapes (stage_corrections): the layer probes'
+graphed runners: each action's GPU time, as a step runs it, at the duty a step at this host's pace gives the GPU
+(back to back where the GPU is slower than its host; fresh where it would idle over half the time), so at the
+clock that load holds (an H200 at its power cap).
+The eager stages correct the layer costs at their shapes (stage_corrections): the layer probes'
 chains of 4 layers, each its own autograd call, cost the host more per layer than a stage does, and where host
 and GPU are close their back-to-back timing caught the host's gaps (a backward at h=2048, 2048 rows timed 14%
 above the runner's own, data/validation/h200-2026-11-24-final/); the graphed stages price the graphs runtimes.
@@ -22,7 +23,7 @@ from hw.calibrate import SUSTAINED_S
 from hw.executor import local_runner
 from hw.graphs import local_graph_runner
 from hw.measure import ActionTimer
-from hw.opcosts import sync
+from hw.opcosts import duty_lead_s, spin, sync
 from hw.workers import release_unused
 from parsim.profile import LayerCosts, OpCost
 from parsim.schedules import Op, gpipe
@@ -49,11 +50,14 @@ def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], g
                   steps: int = 8) -> list[dict]:
     """Per width and size, the GPU time of a stage's forward and backward under hw's eager runner and, where
     `graphed`, graphed, and of the whole step under one graph per step. First in turns, a step each per round,
-    the GPU fed ahead by a spin kernel; then each runner whose step keeps the GPU busier than its host again,
-    back to back after SUSTAINED_S of steps, at the clock the GPU holds under that load."""
+    the GPU fed ahead by a spin kernel (its time fresh); then the host's time to issue a step; then on a GPU each
+    runner that would keep the GPU busy half the time or more again, after SUSTAINED_S of steps at the duty its
+    host's pace gives the GPU (opcosts.duty_lead_s): the GPU time under the load a step puts on it. Until 2026-11-24 only steps whose GPU outlasted their host were
+    timed so, the rest fresh: a host near the GPU's pace flipped a size between ~10% apart."""
     rows, layers = [], stage_layers(device)
+    cuda = device.type == "cuda"
     for h in hidden:
-        for n in CPU_TOKENS if device.type != "cuda" else GPU_TOKENS:
+        for n in CPU_TOKENS if not cuda else GPU_TOKENS:
             model, schedule = mlp_model(layers, h, n), gpipe(1, 1)
             runners = {"eager": local_runner(model, schedule, device, dtype)}
             if graphed:
@@ -62,21 +66,17 @@ def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], g
             timers = {name: _Spans(device) for name in runners}
             for step in range(3 + steps):
                 for name, (runner, io) in runners.items():
-                    if device.type == "cuda":
+                    if cuda:
                         torch.cuda._sleep(LEAD_CYCLES)  # the host queues the whole step before the GPU reaches it
                     timers[name].step(runner, io, timed=step >= 3)
             sync(device)
-            sustained = [name for name, (runner, io) in runners.items() if device.type == "cuda"
-                         and timers[name].step_s() > _host_step_s(runner, io, device)]
-            for name in sustained:
-                runner, io = runners[name]
-                for _ in range(int(np.ceil(SUSTAINED_S / timers[name].step_s()))):
-                    timers[name].step(runner, io, timed=False)
-                timers[name] = _Spans(device)
-                for _ in range(steps):
-                    timers[name].step(runner, io, timed=True)
+            leads = {name: duty_lead_s(timers[name].step_s(), _host_step_s(runner, io, device))
+                     for name, (runner, io) in runners.items()}
+            for name, (runner, io) in runners.items():
+                if cuda and leads[name] is not None:  # else the fresh timing above stands
+                    timers[name] = _sustained(runner, io, device, leads[name], timers[name].step_s(), steps)
             sync(device)
-            row = {"hidden": h, "tokens": n, "layers": layers, "sustained": sustained}
+            row = {"hidden": h, "tokens": n, "layers": layers, "lead_s": leads}
             if graphed:
                 row["graphs-step_s"] = timers["graphs-step"].step_s()
             for name in ("eager", "graphs") if graphed else ("eager",):
@@ -85,6 +85,15 @@ def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], g
             del runners, timers
             release_unused(device)  # each size's graphs and pools go before the next is captured
     return rows
+
+
+def _sustained(runner, io, device: torch.device, lead_s: float, gpu_s: float, steps: int) -> _Spans:
+    """`steps` steps timed after SUSTAINED_S of them, each behind a spin of `lead_s`."""
+    spans, warm = _Spans(device), int(np.ceil(SUSTAINED_S / (gpu_s + lead_s)))
+    for step in range(warm + steps):
+        spin(lead_s)
+        spans.step(runner, io, timed=step >= warm)
+    return spans
 
 
 class _Spans:
@@ -116,15 +125,20 @@ class _Spans:
         return statistics.median(_elapsed(a, b) for a, b in self.whole)
 
 
-def _host_step_s(runner, io, device: torch.device) -> float:
-    """The host's time to issue one step (the GPU may still be running it)."""
+def _host_step_s(runner, io, device: torch.device, repeat: int = 5) -> float:
+    """The host's time to issue one step, the GPU idle when it starts (so the host never waits for it): the
+    slowest of `repeat`, so that a lead from it keeps a slow step's host gaps out of the GPU's timing too (the
+    lent hosts' steps vary by up to 1.6x). Timed in a run of steps instead, a GPU-bound step's host would wait
+    for the GPU's earlier ones."""
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        clear_grads(runner)
+        t0 = time.perf_counter()
+        runner.step(io)
+        times.append(time.perf_counter() - t0)
     sync(device)
-    clear_grads(runner)
-    t0 = time.perf_counter()
-    runner.step(io)
-    host_s = time.perf_counter() - t0
-    sync(device)
-    return host_s
+    return max(times)
 
 
 def _mark(device: torch.device):

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
 from hw.calibrate_transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
+from hw.opcosts import LEAD_MARGIN, duty_lead_s  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -103,6 +104,19 @@ def test_fit_recovers_fixed_cost_and_rate_from_noisy_timings():
     fit = fit_affine(list(work), list(seconds))
     assert fit.fixed_s == pytest.approx(20e-6, rel=0.05) and fit.rate == pytest.approx(5e14, rel=0.05)
     assert fit.r2 > 0.99 and not fit.poor
+
+
+def test_a_probe_runs_back_to_back_where_its_gpu_outlasts_its_host_else_behind_a_lead_that_matches_the_duty():
+    assert duty_lead_s(gpu_s=5e-3, host_s=4e-3) == 0.0  # the host is ahead: back to back, the GPU always busy
+    assert duty_lead_s(gpu_s=5e-3, host_s=5e-3) == 0.0
+    lead = duty_lead_s(gpu_s=4e-3, host_s=5e-3)  # the host's pace leaves the GPU idle a fifth of the time
+    assert lead == pytest.approx(LEAD_MARGIN * 1e-3) and lead >= 1e-3  # the host stays ahead of the GPU
+    duty = 4e-3 / (4e-3 + lead)
+    assert 4 / 5 * 0.95 < duty <= 4 / 5  # about the step's duty, never busier
+    # continuous across the host-GPU crossing: no size jumps between two timings as the host's speed moves
+    assert duty_lead_s(5e-3, 5e-3 * (1 + 1e-9)) == pytest.approx(0.0, abs=1e-11)
+    # a GPU idle over half the time runs near its top clock: timed fresh, out of a slow host's reach
+    assert duty_lead_s(gpu_s=1e-3, host_s=2.5e-3) is None and duty_lead_s(gpu_s=1e-3, host_s=2e-3) is not None
 
 
 def test_a_poor_fit_says_so():

@@ -92,6 +92,7 @@ def test_the_probes_run_end_to_end_on_the_cpu_and_make_loadable_costs():
     assert [r["layers"] for r in host] == [1, 2, 4, 8]
     assert all(0 < r["step_before_s"] < r["step_outside_s"] for r in host)  # the batch copy, then the rest
     assert all(r[k] > 0 for r in gpu for k in ("eager_forward_s", "graphs_backward_s", "graphs-step_s"))
+    assert all(set(r["lead_s"]) == {"eager", "graphs", "graphs-step"} for r in gpu)
     adds = accumulate_samples(CPU, torch.float32, [16, 32], layers=1)
     assert [r["bytes"] for r in adds] == [3 * 4 * (8 * h * h + 7 * h) for h in (16, 32)]
     costs, _, _ = runtime_costs(host, gpu_fits(gpu, make_profile()), adds, 1e-4, p2p_s=1e-5, p2p_carried=False,
