@@ -270,7 +270,8 @@ def error_table(points: list[Point]) -> str:
 
 def host_speed_lines(points: list[Point]) -> list[str]:
     """Per runtime, the error of its predictions as made (from the profile) and at the host speed measured in each
-    point's turn (where the CSV has the host probe): what the model says once told how fast the host ran."""
+    point's turn (where the CSV has the host probe): what the model says once told how fast the host ran; and of
+    its GPU-bound points, which the host's speed does not move."""
     probed = [p for p in points if p.predicted_at_host_s and not p.excluded]
     if not probed:
         return []
@@ -278,8 +279,10 @@ def host_speed_lines(points: list[Point]) -> list[str]:
     for runtime in sorted({p.runtime for p in probed}):
         ps = [p for p in probed if p.runtime == runtime]
         plain, at_host = [abs(p.error) for p in ps], [abs(p.error_at_host) for p in ps]
+        gpu = [abs(p.error) for p in ps if not p.host_sensitive]
+        gpu_bound = f"; GPU-bound {len(gpu)}: median {statistics.median(gpu):.1%}, worst {max(gpu):.1%}" if gpu else ""
         lines.append(f"  {runtime}: {len(ps)} points: median |error| {statistics.median(plain):.1%} / "
-                     f"{statistics.median(at_host):.1%}, worst {max(plain):.1%} / {max(at_host):.1%}")
+                     f"{statistics.median(at_host):.1%}, worst {max(plain):.1%} / {max(at_host):.1%}{gpu_bound}")
     return lines
 
 

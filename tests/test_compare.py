@@ -160,7 +160,7 @@ def test_the_host_probes_speed_is_its_measured_step_over_its_prediction():
 
 
 def test_a_point_is_also_predicted_at_the_host_speed_its_turn_measured():
-    from parsim.compare import at_measured_host, host_speed_lines
+    from parsim.compare import at_measured_host, host_speed_lines, mark_host_sensitive
     from parsim.hostprobe import probe
     from parsim.profile import load_profile
     from parsim.sim.predict import predict
@@ -180,6 +180,10 @@ def test_a_point_is_also_predicted_at_the_host_speed_its_turn_measured():
     assert at_measured_host([dispatch], profile)[0].predicted_at_host_s == 0  # no probe in its row: none
     lines = host_speed_lines(slow)
     assert lines[-1].startswith("  hw: 2 points: median |error| ") and " / " in lines[-1]
+    marked = mark_host_sensitive(slow, profile)  # per runtime, its GPU-bound points apart: the host does not move them
+    assert [p.host_sensitive for p in marked] == [True, False]
+    gpu_error = abs(marked[1].error)
+    assert host_speed_lines(marked)[-1].endswith(f"; GPU-bound 1: median {gpu_error:.1%}, worst {gpu_error:.1%}")
 
 
 def test_a_csv_without_the_model_column_names_the_mlp_stack_by_its_sizes(tmp_path):
