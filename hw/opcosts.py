@@ -68,8 +68,8 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
     return statistics.median(times)
 
 
-SPIN_HZ = 2.0e9  # torch.cuda._sleep's cycles per second at an H200's top SM clock (1980 MHz): a spin lasts no less
-LEAD_MARGIN = 1.2  # the host's pace varies call to call: a lead this much longer than the mean gap keeps it ahead
+SPIN_HZ = 2.0e9  # torch.cuda._sleep's cycles per second at an H200's top SM clock (1980 MHz); slower clocks spin longer
+LEAD_MARGIN = 1.2  # a lead this much over the slowest host timing's shortfall keeps the host ahead of the GPU
 
 
 def duty_lead_s(gpu_s: float, host_s: float) -> float | None:
