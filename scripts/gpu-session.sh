@@ -19,6 +19,9 @@
 #                  schedule torch also runs, at 4, 8, 16, 32 micro-batches (issues 12, 13, 18)
 #     splitgrid    hw validate on 2 GPUs, runtimes hw,torch,graphs: the split-backward schedules beside 1F1B at 8 and
 #                  32 micro-batches (host.split_backward_s)
+#     trace2       hw measure --trace on 2 GPUs, 16x2048x8192 at 4 micro-batches, runtimes hw and torch, 1F1B,
+#                  interleaved 1F1B, ZB-V and DualPipeV: where torch's multi-stage runtime loses 2.7-5.3 ms a step
+#                  to hw's on the same compute (issue 12's 2-GPU ranking), each rank's kernels and NCCL's side by side
 #   GPUS (default 1) is calibrate's GPU count: 2 or more also measures NVLink, all-reduce and torch's p2p costs.
 #   PROFILE (default: calibrate's output) is the profile the grids predict with.
 #   STEPS (default 8) and WARMUP (default 2) set validate's timed and warm-up steps.
@@ -89,6 +92,14 @@ for part in "$@"; do
     splitgrid) grid splitgrid hw,torch,graphs 16x512x4096,16x2048x8192 2 1f1b,zb-h1,zbv,dualpipev 8,32 200 ;;
     grid2) grid grid2 hw,torch,graphs 16x2048x8192,16x512x4096 2 gpipe,1f1b,interleaved-1f1b,zbv,dualpipev 4,8,16,32 \
              420 ;;
+    trace2) mkdir -p "$work/trace2"
+            for schedule in 1f1b interleaved-1f1b zbv dualpipev; do
+              for runtime in hw torch; do
+                step 90 "trace2-$runtime-$schedule" python -m hw measure --gpus 2 --runtime "$runtime" \
+                  --schedule "$schedule" --microbatches 4 --steps "$steps" --warmup "$warmup" --json \
+                  --trace "$work/trace2/$runtime-$schedule.json"
+              done
+            done ;;
     transformer) step 400 transformer scripts/measure-transformer.sh "$work/transformer" ;;
     interfaces) PYTHON=python step 300 interfaces scripts/measure-interfaces.sh "$work/interfaces" ;;
     *) echo "unknown part $part" | tee -a "$work/steps.txt" ;;
