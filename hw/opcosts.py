@@ -85,6 +85,23 @@ def duty_lead_s(gpu_s: float, host_s: float) -> float | None:
     return LEAD_MARGIN * max(0.0, host_s - gpu_s)
 
 
+def slowest_issue_s(fn: Callable[[], object], device: torch.device, repeat: int = 5,
+                    setup: Callable[[], object] = lambda: None) -> float:
+    """The host's time to issue fn (after an untimed `setup`), the GPU idle when it starts (so the host never waits
+    for it): the slowest of `repeat`, so that a lead from it (duty_lead_s) keeps a slow call's host gaps out of the
+    GPU's timing too (the lent hosts' steps vary by up to 1.6x). Timed in a run of calls instead, a GPU-bound
+    call's host would wait for the GPU's earlier ones."""
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    sync(device)
+    return max(times)
+
+
 def spin(seconds: float) -> None:
     """Keep the current CUDA stream busy for about `seconds` (longer where the SM clock is below its top)."""
     if seconds > 0:
@@ -95,13 +112,7 @@ def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, rep
                  sustained_s: float) -> float | None:
     """gpu_time_s's sustained timing: the calls at the duty this host's pace gives the GPU (duty_lead_s), after
     `sustained_s` of them, each between its own events; None where they are to be timed fresh."""
-    host = []  # the slowest of five, as stage_probe._host_step_s
-    for _ in range(5):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        host.append(time.perf_counter() - t0)
-    sync(device)
+    host_s = slowest_issue_s(fn, device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(lead_cycles)
     start.record()
@@ -109,7 +120,7 @@ def _sustained_s(fn: Callable[[], object], device: torch.device, batch: int, rep
     end.record()
     end.synchronize()
     one_s = start.elapsed_time(end) / 1e3
-    lead_s = duty_lead_s(one_s, max(host))
+    lead_s = duty_lead_s(one_s, host_s)
     if lead_s is None:
         return None
     for _ in range(int(np.ceil(sustained_s / (one_s + lead_s)))):

@@ -23,7 +23,7 @@ from hw.calibrate import SUSTAINED_S
 from hw.executor import local_runner
 from hw.graphs import local_graph_runner
 from hw.measure import ActionTimer
-from hw.opcosts import duty_lead_s, spin, sync
+from hw.opcosts import duty_lead_s, slowest_issue_s, spin, sync
 from hw.workers import release_unused
 from parsim.profile import LayerCosts, OpCost
 from parsim.schedules import Op, gpipe
@@ -126,20 +126,9 @@ class _Spans:
         return statistics.median(_elapsed(a, b) for a, b in self.whole)
 
 
-def _host_step_s(runner, io, device: torch.device, repeat: int = 5) -> float:
-    """The host's time to issue one step, the GPU idle when it starts (so the host never waits for it): the
-    slowest of `repeat`, so that a lead from it keeps a slow step's host gaps out of the GPU's timing too (the
-    lent hosts' steps vary by up to 1.6x). Timed in a run of steps instead, a GPU-bound step's host would wait
-    for the GPU's earlier ones."""
-    times = []
-    for _ in range(repeat):
-        sync(device)
-        clear_grads(runner)
-        t0 = time.perf_counter()
-        runner.step(io)
-        times.append(time.perf_counter() - t0)
-    sync(device)
-    return max(times)
+def _host_step_s(runner, io, device: torch.device) -> float:
+    """The host's slowest time to issue one step of `runner` (opcosts.slowest_issue_s), its grads cleared first."""
+    return slowest_issue_s(lambda: runner.step(io), device, setup=lambda: clear_grads(runner))
 
 
 def _mark(device: torch.device):

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
 from hw.calibrate_transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
-from hw.opcosts import LEAD_MARGIN, duty_lead_s  # noqa: E402
+from hw.opcosts import LEAD_MARGIN, duty_lead_s, slowest_issue_s  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -117,6 +117,15 @@ def test_a_probe_runs_back_to_back_where_its_gpu_outlasts_its_host_else_behind_a
     assert duty_lead_s(5e-3, 5e-3 * (1 + 1e-9)) == pytest.approx(0.0, abs=1e-11)
     # a GPU idle over half the time runs near its top clock: timed fresh, out of a slow host's reach
     assert duty_lead_s(gpu_s=1e-3, host_s=2.5e-3) is None and duty_lead_s(gpu_s=1e-3, host_s=2e-3) is not None
+
+
+def test_a_lead_comes_from_the_hosts_slowest_issue_and_leaves_the_setup_untimed():
+    import time
+
+    issues = iter([0.001, 0.02, 0.001])
+    took = slowest_issue_s(lambda: time.sleep(next(issues)), torch.device("cpu"), repeat=3,
+                           setup=lambda: time.sleep(0.05))
+    assert 0.02 <= took < 0.05
 
 
 def test_a_poor_fit_says_so():
