@@ -13,7 +13,6 @@ GIL changed hands between launching threads.
 from __future__ import annotations
 
 import contextlib
-import random
 import statistics
 import sys
 import threading
@@ -23,7 +22,7 @@ import warnings
 import torch
 from torch import nn
 
-from hw.hogwild import cpu_cores
+from hw.hogwild import cpu_cores, shuffled_rounds
 from hw.opcosts import sync
 from parsim.profile import GilCosts
 from parsim.sim.gil import wake_points, wake_readings
@@ -105,19 +104,13 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
 
 def launch_rounds(device: torch.device, points: tuple[tuple, ...], window_s: float,
                   rounds: int) -> dict[tuple, dict]:
-    """Per point (threads, hold_s[, tag]): the median time per launch over rounds, and every round's loop.
-
-    The points take turns within each round, so a drift of the host's speed touches them all alike, in an order
-    shuffled anew each round (seeded), so that what ran just before a point varies (one thread timed right after
-    eight ran ~15% slower than its twin earlier in the round, 2026-11-24). A tag keeps two timings of one
+    """Per point (threads, hold_s[, tag]): the median time per launch over rounds, and every round's loop, the
+    points in shuffled turns (hw.hogwild.shuffled_rounds; 2026-11-24). A tag keeps two timings of one
     (threads, hold_s) apart (a calibration's probe and the experiment's point).
     """
     for n, hold, *_ in points:  # warm-up: streams, the allocator's blocks, first launches
         launch_loop(device, n, min(window_s, 0.05), hold)
-    raw: dict[tuple, list[dict]] = {p: [] for p in points}
-    for k in range(rounds):
-        for p in random.Random(k).sample(points, len(points)):
-            raw[p].append(launch_loop(device, p[0], window_s, p[1]))
+    raw = shuffled_rounds(points, rounds, lambda p: launch_loop(device, p[0], window_s, p[1]))
     return {p: {"per_launch_s": statistics.median(r["per_launch_s"] for r in v), "rounds": v}
             for p, v in raw.items()}
 

@@ -12,7 +12,8 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.multiprocessing as mp
@@ -26,6 +27,8 @@ from parsim.errors import ParsimError
 from parsim.interrupts import default_signals, note
 from parsim.profile import CpuCosts
 from parsim.workload import model_from_spec
+
+T = TypeVar("T")
 
 Job = Callable[[], None]  # one step of a process's loop
 
@@ -136,14 +139,21 @@ def hogwild_steps(spec: str, processes: int, duration_s: float) -> dict:
     return {"step_s": 1 / sum(per_process), "process_rates": per_process, "params_moved": moved}
 
 
-def hogwild_rounds(spec: str, points: list[tuple[str, int]], duration_s: float, rounds: int) -> dict[tuple, dict]:
-    """Per point (tag, processes): `rounds` runs, the points taking turns in an order shuffled each round (seeded,
-    as hw.gil.launch_rounds); the median seconds per step and every run. A tag keeps two timings of one count
-    apart (the core-speed probe's and the experiment's)."""
-    runs: dict[tuple[str, int], list[dict]] = {p: [] for p in points}
+def shuffled_rounds(points: Sequence[T], rounds: int, run: Callable[[T], dict]) -> dict[T, list[dict]]:
+    """Per point, `rounds` runs of it: the points take turns within each round, so that a drift of the host's
+    speed touches them all alike, in an order shuffled anew each round (seeded), so that what ran just before a
+    point varies (one GIL thread timed right after eight ran ~15% slower than its twin earlier in the round)."""
+    runs: dict[T, list[dict]] = {p: [] for p in points}
     for k in range(rounds):
-        for p in random.Random(k).sample(points, len(points)):
-            runs[p].append(hogwild_steps(spec, p[1], duration_s))
+        for p in random.Random(k).sample(list(points), len(points)):
+            runs[p].append(run(p))
+    return runs
+
+
+def hogwild_rounds(spec: str, points: list[tuple[str, int]], duration_s: float, rounds: int) -> dict[tuple, dict]:
+    """Per point (tag, processes): `rounds` runs in shuffled turns (shuffled_rounds); the median seconds per step
+    and every run. A tag keeps two timings of one count apart (the core-speed probe's and the experiment's)."""
+    runs = shuffled_rounds(points, rounds, lambda p: hogwild_steps(spec, p[1], duration_s))
     return {p: {"step_s": statistics.median(r["step_s"] for r in v), "runs": v} for p, v in runs.items()}
 
 
