@@ -9,20 +9,21 @@ import pytest
 
 pytest.importorskip("torch")
 
-SCRIPTS = sorted((Path(__file__).parent.parent / "scripts").glob("*.py"))
+SCRIPTS_DIR = Path(__file__).parent.parent / "scripts"
+SCRIPTS = sorted(SCRIPTS_DIR.glob("*.py"))
+
+
+def _script(name: str):
+    """scripts/NAME.py imported as a module (its main() runs only as __main__)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_each_script_imports(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # main() runs only as __main__
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    _script(path.stem)
 
 
 def test_gil_handoffs_variants_name_a_placement_and_what_a_launch_does_with_memory():
