@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import torch  # noqa: E402
 
 from hw.executor import local_runner  # noqa: E402
-from hw.measure import ActionTimer  # noqa: E402
-from hw.stage_probe import clear_grads, stage_samples  # noqa: E402
+from hw.stage_probe import _Spans, stage_samples  # noqa: E402
 from parsim.schedules import Op, gpipe  # noqa: E402
 from parsim.workload import mlp_model  # noqa: E402
 
@@ -40,18 +39,19 @@ def gpu_state() -> dict:
 
 
 def step_actions(device: torch.device, dtype: torch.dtype) -> dict:
-    """Median GPU time of a forward and a backward of the 16-block step, per micro-batch, over STEPS steps."""
+    """Median GPU time of a forward and a backward of the 16-block step, per micro-batch, over STEPS steps, timed as
+    the stage probe times its steps (hw.stage_probe._Spans)."""
     runner, io = local_runner(mlp_model(16, HIDDEN, TOKENS), gpipe(1, MICROBATCHES), device, dtype)
-    timer = ActionTimer(device)
+    spans = _Spans(device)
     for k in range(2 + STEPS):
-        clear_grads(runner)
-        runner.step(io, timer if k >= 2 else None)
+        spans.step(runner, io, timed=k >= 2)
     torch.cuda.synchronize(device)
-    per_op = timer.seconds()
+    per_op = spans.actions.seconds()
     forwards, backwards = per_op[0, Op.FORWARD], per_op[0, Op.BACKWARD]
     first = backwards[::MICROBATCHES]  # each step's first backward writes the gradients; the others add into them
     adding = [b for k, b in enumerate(backwards) if k % MICROBATCHES]
-    return {"forward_s": statistics.median(forwards), "backward_s": statistics.median(backwards),
+    forward_s, backward_s = spans.actions_s()
+    return {"forward_s": forward_s, "backward_s": backward_s,
             "first_backward_s": statistics.median(first), "adding_backward_s": statistics.median(adding),
             "forwards_s": forwards, "backwards_s": backwards, "after": gpu_state()}
 

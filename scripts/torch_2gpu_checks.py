@@ -55,12 +55,12 @@ def comm_beside_compute(schedule, sim) -> list[float]:
     for rank, acts in enumerate(schedule.actions):
         compute = [(op.start_s, op.end_s) for op in machine.streams[compute_track(rank)].ops]
         total = 0.0
-        for a, deps in zip(acts, waits):
+        for a, (_, deps) in zip(acts, waits):  # waits runs rank by rank: this rank's share
             if a.op in COMPUTE_OPS:
                 continue
             op = op_of[a]
             ready = posted.get((f"host{rank}", id(op)), 0.0)
-            for d in list(deps[1]) + list(more.get(a, [])):
+            for d in list(deps) + list(more.get(a, [])):
                 dep = op_of.get(tuple(d))
                 if dep is not None and dep is not op:
                     ready = max(ready, dep.end_s)
