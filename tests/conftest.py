@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 
 import pytest
 
@@ -10,6 +11,17 @@ from parsim.profile import HostCosts, LayerCosts, LinkSpec, OpCost, Profile
 from parsim.workload import StageCost, Work
 
 INF = math.inf
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the commands the tests start, as it reaches a terminal's foreground job.
+
+    A shell starts a background job (`cmd &`, `nohup cmd &`) with SIGINT ignored, and an ignored signal stays
+    ignored in every child, where Python then installs no KeyboardInterrupt handler: run so, the Ctrl-C tests
+    would time a command that cannot be interrupted. Python's own handler here is reset to the default in them.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_profile(latency_s: float = 0.0, bandwidth_Bps: float = INF, action_s: float = 0.0,
