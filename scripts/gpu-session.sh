@@ -19,6 +19,10 @@
 #                  schedule torch also runs, at 4, 8, 16, 32 micro-batches (issues 12, 13, 18)
 #     splitgrid    hw validate on 2 GPUs, runtimes hw,torch,graphs: the split-backward schedules beside 1F1B at 8 and
 #                  32 micro-batches (host.split_backward_s)
+#     splitgrid1   the same on one GPU (both stages of ZB-V and DualPipeV on it), runtimes hw,torch, 4, 16 and 32
+#                  micro-batches: does torch's split backward cost what hw's does where no message is sent?
+#     trace1       hw measure --trace on one GPU, 16x2048x8192, ZB-V at 8 micro-batches, runtimes hw and torch: where
+#                  torch's split backward spends its time, host and GPU, against hw's
 #     trace2       hw measure --trace on 2 GPUs, 16x2048x8192 at 4 micro-batches, runtimes hw and torch, 1F1B,
 #                  interleaved 1F1B, ZB-V and DualPipeV: where torch's multi-stage runtime loses 2.7-5.3 ms a step
 #                  to hw's on the same compute (issue 12's 2-GPU ranking), each rank's kernels and NCCL's side by side
@@ -90,6 +94,12 @@ for part in "$@"; do
     hostgrid) grid hostgrid hw,torch 16x512x4096 1 gpipe,1f1b,interleaved-1f1b 1,4,16,32 380 ;;
     midgrid) grid midgrid hw,torch 16x2048x8192 1 gpipe,1f1b,interleaved-1f1b 1,4,16,32 380 ;;
     splitgrid) grid splitgrid hw,torch,graphs 16x512x4096,16x2048x8192 2 1f1b,zb-h1,zbv,dualpipev 8,32 200 ;;
+    splitgrid1) grid splitgrid1 hw,torch 16x512x4096,16x2048x8192 1 1f1b,zbv,dualpipev 4,16,32 300 ;;
+    trace1) mkdir -p "$work/trace1"
+            for runtime in hw torch; do
+              step 90 "trace1-$runtime-zbv" python -m hw measure --gpus 1 --runtime "$runtime" --schedule zbv \
+                --microbatches 8 --steps "$steps" --warmup "$warmup" --json --trace "$work/trace1/$runtime-zbv.json"
+            done ;;
     grid2) grid grid2 hw,torch,graphs 16x2048x8192,16x512x4096 2 gpipe,1f1b,interleaved-1f1b,zbv,dualpipev 4,8,16,32 \
              420 ;;
     trace2) mkdir -p "$work/trace2"
