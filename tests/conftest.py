@@ -18,7 +18,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     A shell starts a background job (`cmd &`, `nohup cmd &`) with SIGINT ignored, and an ignored signal stays
     ignored in every child, where Python then installs no KeyboardInterrupt handler: run so, the Ctrl-C tests
-    would time a command that cannot be interrupted. Python's own handler here is reset to the default in them.
+    would time a command that cannot be interrupted. A handler, unlike an ignore, is reset to the default by exec:
+    with Python's own handler back here, the commands take Ctrl-C as at a terminal.
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
