@@ -76,15 +76,11 @@ class TransformerShape:
 
 
 @dataclass(frozen=True)
-class Decoder:
-    """One decoder block (see the module's docstring)."""
+class _SequenceLayer:
+    """A transformer layer: one sample a sequence of `shape`; its width and dtype are the shape's."""
 
     shape: TransformerShape
     sample = "sequence"
-
-    @property
-    def kind(self) -> str:
-        return self.shape.variant
 
     @property
     def hidden(self) -> int:
@@ -98,7 +94,16 @@ class Decoder:
     def in_shape(self) -> tuple[int, ...]:
         return (self.shape.seq, self.shape.hidden)
 
-    out_shape = in_shape
+
+@dataclass(frozen=True)
+class Decoder(_SequenceLayer):
+    """One decoder block (see the module's docstring)."""
+
+    @property
+    def kind(self) -> str:
+        return self.shape.variant
+
+    out_shape = _SequenceLayer.in_shape
 
     @property
     def _llama(self) -> bool:
@@ -193,20 +198,10 @@ class Decoder:
 
 
 @dataclass(frozen=True)
-class Embedding:
+class Embedding(_SequenceLayer):
     """Token ids -> hidden states: a lookup of one row per token (GPT adds a learned position row)."""
 
-    shape: TransformerShape
     kind = "embed"
-    sample = "sequence"
-
-    @property
-    def hidden(self) -> int:
-        return self.shape.hidden
-
-    @property
-    def dtype_bytes(self) -> int:
-        return self.shape.dtype_bytes
 
     @property
     def in_shape(self) -> tuple[int, ...]:
@@ -262,24 +257,10 @@ class Embedding:
 
 
 @dataclass(frozen=True)
-class Head:
+class Head(_SequenceLayer):
     """Hidden states -> loss: the final norm, the LM head (H x V, no bias) and cross-entropy on fp32 logits."""
 
-    shape: TransformerShape
     kind = "head"
-    sample = "sequence"
-
-    @property
-    def hidden(self) -> int:
-        return self.shape.hidden
-
-    @property
-    def dtype_bytes(self) -> int:
-        return self.shape.dtype_bytes
-
-    @property
-    def in_shape(self) -> tuple[int, ...]:
-        return (self.shape.seq, self.shape.hidden)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
