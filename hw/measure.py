@@ -324,14 +324,30 @@ def keep_traces(paths: list[str], token: str, keep: bool) -> None:
             os.replace(staged, path) if keep else os.unlink(staged)
 
 
+class ProfilerLabels:
+    """Each action of a profiled step as a span named `hw:<action>` (e.g. `hw:F(s0,m1)`) on the host and, on a GPU,
+    over the kernels it launched: every runtime's trace names its actions alike (scripts/trace_summary.py)."""
+
+    PREFIX = "hw:"
+
+    def __init__(self) -> None:
+        self.open: dict[Action, torch.profiler.record_function] = {}
+
+    def __call__(self, action: Action, phase: str) -> None:
+        if phase == "start":
+            self.open[action] = torch.profiler.record_function(f"{self.PREFIX}{action}").__enter__()
+        else:
+            self.open.pop(action).__exit__(None, None, None)
+
+
 def _profile_one_step(one_step, device: torch.device, path: str, token: str = "") -> None:
-    """A torch.profiler Chrome trace of one more step, written to staged_trace (moved into place by keep_traces),
-    or without a token, atomically into place."""
+    """A torch.profiler Chrome trace of one more step, its actions labelled (ProfilerLabels), written to
+    staged_trace (moved into place by keep_traces), or without a token, atomically into place."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        one_step()
+        one_step(ProfilerLabels())
         _sync(device)
     tmp = staged_trace(path, token or str(os.getpid()))
     prof.export_chrome_trace(tmp)

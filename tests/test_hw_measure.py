@@ -32,8 +32,9 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]
     assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in out["per_stage"])
     assert out["config"]["schedule"] == "1f1b" and out["config"]["dtype"] == "fp32"
-    for path in (trace, tmp_path / "trace.rank1.json"):  # every rank profiles its own step
-        assert "traceEvents" in json.loads(path.read_text())
+    for rank, path in enumerate((trace, tmp_path / "trace.rank1.json")):  # every rank profiles its own step
+        labels = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["name"].startswith("hw:")}
+        assert {"hw:F(s%d,m0)" % rank, "hw:B(s%d,m1)" % rank} <= labels, labels  # each action, named as parsim does
 
 
 def test_measure_runs_a_conv_net_split_as_parsim_splits_it(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ SCRIPTS = sorted(SCRIPTS_DIR.glob("*.py"))
 
 def _script(name: str):
     """scripts/NAME.py imported as a module (its main() runs only as __main__)."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS_DIR / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", SCRIPTS_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -46,3 +48,16 @@ def test_gil_handoffs_loop_logs_every_launch_of_every_thread_whatever_it_does_wi
     assert all(n > 0 for n in run["launches"])
     assert [len(log) for log in run["logs"]] == run["launches"]
     assert run["per_launch_s"] > 0
+
+
+def test_trace_summary_finds_the_compute_streams_waits_and_the_nccl_time_beside_the_actions():
+    summary = _script("trace_summary")
+    gpu = lambda name, ts, dur: {"cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    events = [gpu("hw:F(s0,m0)", 0.0, 100.0), gpu("hw:F(s0,m1)", 130.0, 100.0), gpu("hw:B(s0,m0)", 400.0, 50.0),
+              {"cat": "user_annotation", "name": "hw:F(s0,m0)", "ts": -50.0, "dur": 10.0},  # the host's: not used
+              {"cat": "kernel", "name": "ncclDevKernel_SendRecv", "ts": 200.0, "dur": 100.0},  # 30 us beside F(s0,m1)
+              {"cat": "kernel", "name": "ampere_gemm", "ts": 0.0, "dur": 90.0}]
+    s = summary.summarize(events)
+    assert s.on_gpu and s.span_us == 450.0 and s.busy_us == 250.0
+    assert s.waits == [(170.0, "B(s0,m0)"), (30.0, "F(s0,m1)")]
+    assert s.nccl_us == 100.0 and s.nccl_beside_us == 30.0
