@@ -62,6 +62,7 @@ class ActionTimer:
         self.cuda = device.type == "cuda"
         self.open: dict[Action, object] = {}
         self.spans: list[tuple[Action, object, object]] = []
+        self.first = None  # the first compute's start mark
 
     def __call__(self, action: Action, phase: str) -> None:
         if not action.is_compute:
@@ -71,15 +72,26 @@ class ActionTimer:
             mark.record()
         if phase == "start":
             self.open[action] = mark
+            if self.first is None:
+                self.first = mark
         else:
             self.spans.append((action, self.open.pop(action), mark))
+
+    def _between(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
     def seconds(self) -> dict[tuple[int, str], list[float]]:
         """(stage, op) -> durations; on a GPU call after the device is synchronised."""
         out: dict[tuple[int, str], list[float]] = defaultdict(list)
         for action, start, end in self.spans:
-            out[action.stage, action.op].append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+            out[action.stage, action.op].append(self._between(start, end))
         return out
+
+    def timeline(self) -> list[tuple[str, float, float]]:
+        """(action, start, end) of each compute in seconds from the first one's start, in the order they ended: where
+        the rank's compute stream waited between them, without a profiler's host overhead."""
+        return [(str(action), self._between(self.first, start), self._between(self.first, end))
+                for action, start, end in self.spans]
 
 
 class HostSpans:
@@ -245,7 +257,7 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
             _profile_one_step(stepper, device, trace_path(config.trace, rank), config.trace_token)
             stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
-        out.append({"times": times[k], "per_op": per_op,
+        out.append({"times": times[k], "per_op": per_op, "timeline": timer.timeline(),
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
                     "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
     return out
@@ -401,6 +413,8 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
+        "timeline": [{"rank": rank, "actions": results[rank]["timeline"]}
+                     for rank in sorted(set(schedule.stage_to_rank))],
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
                    "runtime": job.runtime,
                    "copy_streams": job.copy_streams,

@@ -26,7 +26,7 @@
 #     trace2       hw measure --trace on 2 GPUs, 16x2048x8192 at 4 micro-batches, runtimes hw and torch, 1F1B,
 #                  interleaved 1F1B, ZB-V and DualPipeV: where torch's multi-stage runtime loses 2.7-5.3 ms a step
 #                  to hw's on the same compute (issue 12's 2-GPU ranking), each rank's kernels and NCCL's side by side;
-#                  trace2/summary.txt: scripts/trace_summary.py on each pair of rank traces
+#                  trace2/summary.txt: scripts/trace_summary.py on each run's timeline (its --json log) and traces
 #   GPUS (default 1) is calibrate's GPU count: 2 or more also measures NVLink, all-reduce and torch's p2p costs.
 #   PROFILE (default: calibrate's output) is the profile the grids predict with.
 #   STEPS (default 8) and WARMUP (default 2) set validate's timed and warm-up steps.
@@ -109,8 +109,9 @@ for part in "$@"; do
                 step 90 "trace2-$runtime-$schedule" python -m hw measure --gpus 2 --runtime "$runtime" \
                   --schedule "$schedule" --microbatches 4 --steps "$steps" --warmup "$warmup" --json \
                   --trace "$work/trace2/$runtime-$schedule.json"
-                python scripts/trace_summary.py "$work/trace2/$runtime-$schedule.json" \
-                  "$work/trace2/$runtime-$schedule.rank1.json" >> "$work/trace2/summary.txt" 2>&1
+                python scripts/trace_summary.py "$work/trace2-$runtime-$schedule.log" \
+                  "$work/trace2/$runtime-$schedule.json" "$work/trace2/$runtime-$schedule.rank1.json" \
+                  >> "$work/trace2/summary.txt" 2>&1
               done
             done ;;
     transformer) step 400 transformer scripts/measure-transformer.sh "$work/transformer" ;;

@@ -1,13 +1,16 @@
-"""Where a measured step's compute stream waited, rank by rank, from `hw measure --trace` files.
+"""Where a measured step's compute stream waited, rank by rank, from `hw measure --json` output or `--trace` files.
 
-    python scripts/trace_summary.py TRACE.json [TRACE.rank1.json ...] [--top N]
+    python scripts/trace_summary.py MEASURE.json | TRACE.json [TRACE.rank1.json ...] [--top N]
 
-Every runtime's profiled step labels its actions `hw:<action>` (hw.measure.ProfilerLabels); on a GPU each label
-also spans the kernels the action launched. Per trace: the step's span, the actions' GPU time, the idle time between
-consecutive actions (the compute stream waiting: for a receive, for the host, for the stream's queue), the NCCL
-kernels' time and how much of it ran beside the actions, and the N longest waits with the action that ended each.
-Written for issue 12's 2-GPU question (`scripts/gpu-session.sh OUT trace2`): set hw's and torch's runtimes side by
-side on the same schedule and see which waits torch's adds. On a CPU trace the host spans stand in for the GPU's.
+`hw measure --json` reports each rank's compute actions on the GPU's clock (`timeline`: CUDA events around each, one
+step, no profiler); a `--trace` file labels every action `hw:<action>` (hw.measure.ProfilerLabels), on a GPU over
+the kernels it launched, and shows the NCCL kernels too, but the profiler slows the host several-fold, so a GPU-bound
+step can turn host-bound under it: read its waits for where they fall, the timeline's for how long they are. Per
+rank: the step's span, the actions' time, the idle time between consecutive actions (the compute stream waiting: for
+a receive, for the host, for the stream's queue), the NCCL kernels' time and how much of it ran beside the actions
+(traces only), and the N longest waits with the action each held back. Written for issue 12's 2-GPU question
+(`scripts/gpu-session.sh OUT trace2`): hw's and torch's runtimes side by side on the same schedule. On a CPU trace
+the host spans stand in for the GPU's.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def spans(events: list[dict], cat: str, keep) -> list[Span]:
                    if e.get("cat") == cat and keep(e["name"])), key=lambda s: s.start_us)
 
 
-def summarize(events: list[dict]) -> Summary:
+def from_trace(events: list[dict]) -> Summary:
     """One rank's profiled step: its labelled actions (on the GPU where the trace has them) and NCCL kernels."""
     labelled = lambda name: name.startswith(LABEL)  # noqa: E731
     actions = spans(events, "gpu_user_annotation", labelled)
@@ -50,12 +53,37 @@ def summarize(events: list[dict]) -> Summary:
     actions = actions or spans(events, "user_annotation", labelled)
     if not actions:
         raise SystemExit("no `hw:` action labels in the trace: take it with this checkout's `hw measure --trace`")
-    nccl = spans(events, "kernel", lambda name: "nccl" in name.lower())
+    return summarize(actions, spans(events, "kernel", lambda name: "nccl" in name.lower()), on_gpu)
+
+
+def from_report(report: dict) -> list[Summary]:
+    """Each rank's timed step from `hw measure --json` (its `timeline`, seconds)."""
+    if "timeline" not in report:
+        raise SystemExit("no `timeline` in the report: take it with this checkout's `hw measure --json`")
+    gpu = not report["config"]["device"].startswith("cpu")
+    return [summarize(sorted((Span(LABEL + name, start * 1e6, end * 1e6) for name, start, end in rank["actions"]),
+                             key=lambda s: s.start_us), [], gpu) for rank in report["timeline"]]
+
+
+def summarize(actions: list[Span], nccl: list[Span], on_gpu: bool) -> Summary:
+    """Waits between consecutive actions (sorted by start), and the NCCL kernels' time beside them."""
     waits = sorted(((b.start_us - a.end_us, b.name.removeprefix(LABEL)) for a, b in zip(actions, actions[1:])
                     if b.start_us > a.end_us), reverse=True)
     beside = sum(max(0.0, min(k.end_us, a.end_us) - max(k.start_us, a.start_us)) for k in nccl for a in actions)
     return Summary(on_gpu, actions[-1].end_us - actions[0].start_us, sum(a.end_us - a.start_us for a in actions),
                    waits, sum(k.end_us - k.start_us for k in nccl), beside)
+
+
+def load(text: str) -> dict:
+    """A trace, a report, or a log whose first line that opens a JSON object begins the report (warnings may come
+    before it, as in gpu-session's logs of `hw measure --json`)."""
+    text = text.lstrip()
+    if not text.startswith("{"):
+        start = text.find("\n{")
+        if start < 0:
+            raise SystemExit("neither a trace nor an `hw measure --json` report")
+        text = text[start + 1:]
+    return json.JSONDecoder().raw_decode(text)[0]
 
 
 def main() -> None:
@@ -64,14 +92,17 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=5)
     args = ap.parse_args()
     for path in args.traces:
-        s = summarize(json.loads(Path(path).read_text())["traceEvents"])
-        where = "GPU" if s.on_gpu else "host (no GPU spans)"
-        idle = sum(w for w, _ in s.waits)
-        print(f"{path}: step {s.span_us / 1e3:.2f} ms on the {where}: actions {s.busy_us / 1e3:.2f} ms, waits "
-              f"{idle / 1e3:.2f} ms in {len(s.waits)}; NCCL kernels {s.nccl_us / 1e3:.2f} ms, "
-              f"{s.nccl_beside_us / 1e3:.2f} ms of it beside an action")
-        for wait_us, name in s.waits[:args.top]:
-            print(f"  {wait_us / 1e3:7.3f} ms before {name}")
+        data = load(Path(path).read_text())
+        summaries = [from_trace(data["traceEvents"])] if "traceEvents" in data else from_report(data)
+        for rank, s in enumerate(summaries):
+            where = "GPU" if s.on_gpu else "host (no GPU spans)"
+            idle = sum(w for w, _ in s.waits)
+            name = path if len(summaries) == 1 else f"{path} rank {rank}"
+            print(f"{name}: step {s.span_us / 1e3:.2f} ms on the {where}: actions {s.busy_us / 1e3:.2f} ms, waits "
+                  f"{idle / 1e3:.2f} ms in {len(s.waits)}; NCCL kernels {s.nccl_us / 1e3:.2f} ms, "
+                  f"{s.nccl_beside_us / 1e3:.2f} ms of it beside an action")
+            for wait_us, held in s.waits[:args.top]:
+                print(f"  {wait_us / 1e3:7.3f} ms before {held}")
 
 
 if __name__ == "__main__":

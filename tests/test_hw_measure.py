@@ -32,6 +32,11 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]
     assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in out["per_stage"])
     assert out["config"]["schedule"] == "1f1b" and out["config"]["dtype"] == "fp32"
+    for rank in out["timeline"]:  # each rank's computes on its own clock, in the order they ran
+        names = [name for name, _, _ in rank["actions"]]
+        assert sorted(names) == sorted(f"{op}(s{rank['rank']},m{i})" for op in "FB" for i in range(2)), names
+        assert all(0 <= start <= end for _, start, end in rank["actions"])
+        assert [end for _, _, end in rank["actions"]] == sorted(end for _, _, end in rank["actions"])
     for rank, path in enumerate((trace, tmp_path / "trace.rank1.json")):  # every rank profiles its own step
         labels = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["name"].startswith("hw:")}
         assert {"hw:F(s%d,m0)" % rank, "hw:B(s%d,m1)" % rank} <= labels, labels  # each action, named as parsim does

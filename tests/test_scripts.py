@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -57,7 +58,17 @@ def test_trace_summary_finds_the_compute_streams_waits_and_the_nccl_time_beside_
               {"cat": "user_annotation", "name": "hw:F(s0,m0)", "ts": -50.0, "dur": 10.0},  # the host's: not used
               {"cat": "kernel", "name": "ncclDevKernel_SendRecv", "ts": 200.0, "dur": 100.0},  # 30 us beside F(s0,m1)
               {"cat": "kernel", "name": "ampere_gemm", "ts": 0.0, "dur": 90.0}]
-    s = summary.summarize(events)
+    s = summary.from_trace(events)
     assert s.on_gpu and s.span_us == 450.0 and s.busy_us == 250.0
     assert s.waits == [(170.0, "B(s0,m0)"), (30.0, "F(s0,m1)")]
     assert s.nccl_us == 100.0 and s.nccl_beside_us == 30.0
+
+
+def test_trace_summary_reads_each_ranks_timeline_from_a_measure_report():
+    summary = _script("trace_summary")
+    report = {"config": {"device": "NVIDIA H200"},
+              "timeline": [{"rank": 0, "actions": [["F(s0,m0)", 0.0, 1e-3], ["F(s0,m1)", 1.5e-3, 2e-3]]},
+                           {"rank": 1, "actions": [["F(s1,m0)", 0.0, 1e-3]]}]}
+    logged = "UserWarning: the profiler ...\n" + json.dumps(report, indent=2) + "\nUSDT: profiler_stop\n"
+    first, second = summary.from_report(summary.load(logged))  # as gpu-session logs it, warnings around it
+    assert first.on_gpu and first.waits == [(pytest.approx(500.0), "F(s0,m1)")] and second.waits == []
