@@ -25,6 +25,8 @@ LABEL = "hw:"  # hw.measure.ProfilerLabels.PREFIX (this script imports no torch)
 
 @dataclass(frozen=True)
 class Span:
+    """A labelled action (or a kernel) on one timeline, in microseconds."""
+
     name: str
     start_us: float
     end_us: float
@@ -32,6 +34,8 @@ class Span:
 
 @dataclass(frozen=True)
 class Summary:
+    """One rank's step: where its compute stream waited."""
+
     on_gpu: bool
     span_us: float  # first action's start to last action's end
     busy_us: float  # inside the actions
