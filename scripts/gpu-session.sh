@@ -26,7 +26,8 @@
 #     trace2       hw measure --trace on 2 GPUs, 16x2048x8192 at 4 micro-batches, runtimes hw and torch, 1F1B,
 #                  interleaved 1F1B, ZB-V and DualPipeV: where torch's multi-stage runtime loses 2.7-5.3 ms a step
 #                  to hw's on the same compute (issue 12's 2-GPU ranking), each rank's kernels and NCCL's side by side;
-#                  trace2/summary.txt: scripts/trace_summary.py on each run's timeline (its --json log) and traces
+#                  trace2/summary.txt: scripts/trace_summary.py on each run's timeline (its --json log, beside
+#                  parsim's simulation of it from PROFILE or calibrate's profile) and traces
 #   GPUS (default 1) is calibrate's GPU count: 2 or more also measures NVLink, all-reduce and torch's p2p costs.
 #   PROFILE (default: calibrate's output) is the profile the grids predict with.
 #   STEPS (default 8) and WARMUP (default 2) set validate's timed and warm-up steps.
@@ -104,12 +105,14 @@ for part in "$@"; do
     grid2) grid grid2 hw,torch,graphs 16x2048x8192,16x512x4096 2 gpipe,1f1b,interleaved-1f1b,zbv,dualpipev 4,8,16,32 \
              420 ;;
     trace2) mkdir -p "$work/trace2"
+            simulated=(--predicted)
+            [ -f "$profile" ] && simulated+=(--profile "$profile")
             for schedule in 1f1b interleaved-1f1b zbv dualpipev; do
               for runtime in hw torch; do
                 step 90 "trace2-$runtime-$schedule" python -m hw measure --gpus 2 --runtime "$runtime" \
                   --schedule "$schedule" --microbatches 4 --steps "$steps" --warmup "$warmup" --json \
                   --trace "$work/trace2/$runtime-$schedule.json"
-                python scripts/trace_summary.py "$work/trace2-$runtime-$schedule.log" \
+                python scripts/trace_summary.py "${simulated[@]}" "$work/trace2-$runtime-$schedule.log" \
                   "$work/trace2/$runtime-$schedule.json" "$work/trace2/$runtime-$schedule.rank1.json" \
                   >> "$work/trace2/summary.txt" 2>&1
               done

@@ -1,6 +1,7 @@
 """Where a measured step's compute stream waited, rank by rank, from `hw measure --json` output or `--trace` files.
 
     python scripts/trace_summary.py MEASURE.json | TRACE.json [TRACE.rank1.json ...] [--top N]
+                                    [--predicted [--profile FILE]]
 
 `hw measure --json` reports each rank's compute actions on the GPU's clock (`timeline`: CUDA events around each, one
 step, no profiler); a `--trace` file labels every action `hw:<action>` (hw.measure.ProfilerLabels), on a GPU over
@@ -10,14 +11,17 @@ rank: the step's span, the actions' time, the idle time between consecutive acti
 a receive, for the host, for the stream's queue), the NCCL kernels' time and how much of it ran beside the actions
 (traces only), and the N longest waits with the action each held back. Written for issue 12's 2-GPU question
 (`scripts/gpu-session.sh OUT trace2`): hw's and torch's runtimes side by side on the same schedule. On a CPU trace
-the host spans stand in for the GPU's.
+the host spans stand in for the GPU's. With --predicted, each report's step is also simulated by parsim (MLP stacks;
+the runtime, schedule and sizes the report names; the shipped profile or --profile) and each rank's predicted waits
+printed beside the measured ones: where the model and the runtime part.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 LABEL = "hw:"  # hw.measure.ProfilerLabels.PREFIX (this script imports no torch)
@@ -69,6 +73,29 @@ def from_report(report: dict) -> list[Summary]:
                              key=lambda s: s.start_us), [], gpu) for rank in report["timeline"]]
 
 
+def predicted(report: dict, profile_path: str | None) -> list[Summary]:
+    """Each rank's compute ops as parsim simulates the report's step (its runtime, schedule and MLP stack)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's parsim, run from anywhere
+    from parsim.profile import load_profile
+    from parsim.runtimes import get_runtime
+    from parsim.schedules import VIRTUAL
+    from parsim.sim.lower import compute_track
+    from parsim.sim.predict import predict
+    from parsim.workload.models import model_from_spec
+
+    c = report["config"]
+    if "mlp" not in c["model"]:
+        raise SystemExit(f"--predicted simulates MLP stacks only, not {c['model']}")
+    ranks = c["gpus"] // c["data_parallel"]
+    runtime = get_runtime(c["runtime"])
+    schedule = runtime.build(c["schedule"], ranks, c["microbatches"],
+                             c["stages"] // ranks if c["schedule"] in VIRTUAL else None)
+    model = replace(model_from_spec(f"{c['layers']}x{c['hidden']}x{c['tokens']}"), balance=tuple(c["balance"]))
+    _, sim = predict(schedule, model, load_profile(profile_path), c["copy_streams"], c["data_parallel"], runtime)
+    return [summarize([Span(LABEL + str(op.label), op.start_s * 1e6, op.end_s * 1e6)
+                       for op in sim.machine.streams[compute_track(rank)].ops], [], True) for rank in range(ranks)]
+
+
 def summarize(actions: list[Span], nccl: list[Span], on_gpu: bool) -> Summary:
     """Waits between consecutive actions (sorted by start), and the NCCL kernels' time beside them."""
     waits = sorted(((b.start_us - a.end_us, b.name.removeprefix(LABEL)) for a, b in zip(actions, actions[1:])
@@ -94,19 +121,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--predicted", action="store_true", help="also simulate each report's step with parsim")
+    ap.add_argument("--profile", help="the profile --predicted simulates with (default: the shipped one)")
     args = ap.parse_args()
     for path in args.traces:
         data = load(Path(path).read_text())
-        summaries = [from_trace(data["traceEvents"])] if "traceEvents" in data else from_report(data)
-        for rank, s in enumerate(summaries):
-            where = "GPU" if s.on_gpu else "host (no GPU spans)"
-            idle = sum(w for w, _ in s.waits)
-            name = path if len(summaries) == 1 else f"{path} rank {rank}"
-            print(f"{name}: step {s.span_us / 1e3:.2f} ms on the {where}: actions {s.busy_us / 1e3:.2f} ms, waits "
-                  f"{idle / 1e3:.2f} ms in {len(s.waits)}; NCCL kernels {s.nccl_us / 1e3:.2f} ms, "
-                  f"{s.nccl_beside_us / 1e3:.2f} ms of it beside an action")
-            for wait_us, held in s.waits[:args.top]:
-                print(f"  {wait_us / 1e3:7.3f} ms before {held}")
+        if "traceEvents" in data:
+            show(path, [from_trace(data["traceEvents"])], args.top)
+            continue
+        show(path, from_report(data), args.top)
+        if args.predicted:
+            show(f"{path} as parsim predicts it", predicted(data, args.profile), args.top)
+
+
+def show(name: str, summaries: list[Summary], top: int) -> None:
+    for rank, s in enumerate(summaries):
+        where = "GPU" if s.on_gpu else "host (no GPU spans)"
+        idle = sum(w for w, _ in s.waits)
+        print(f"{name if len(summaries) == 1 else f'{name}, rank {rank}'}: step {s.span_us / 1e3:.2f} ms on the "
+              f"{where}: actions {s.busy_us / 1e3:.2f} ms, waits {idle / 1e3:.2f} ms in {len(s.waits)}; NCCL kernels "
+              f"{s.nccl_us / 1e3:.2f} ms, {s.nccl_beside_us / 1e3:.2f} ms of it beside an action")
+        for wait_us, held in s.waits[:top]:
+            print(f"  {wait_us / 1e3:7.3f} ms before {held}")
 
 
 if __name__ == "__main__":

@@ -72,3 +72,16 @@ def test_trace_summary_reads_each_ranks_timeline_from_a_measure_report():
     logged = "UserWarning: the profiler ...\n" + json.dumps(report, indent=2) + "\nUSDT: profiler_stop\n"
     first, second = summary.from_report(summary.load(logged))  # as gpu-session logs it, warnings around it
     assert first.on_gpu and first.waits == [(pytest.approx(500.0), "F(s0,m1)")] and second.waits == []
+
+
+def test_trace_summary_simulates_the_reports_step_with_parsim_rank_by_rank():
+    summary = _script("trace_summary")
+    config = {"schedule": "1f1b", "gpus": 2, "data_parallel": 1, "runtime": "hw", "copy_streams": False,
+              "microbatches": 2, "stages": 2, "model": "4 x mlp(h=256), 512 tokens", "layers": 4, "balance": [2, 2],
+              "hidden": 256, "tokens": 512}
+    first, second = summary.predicted({"config": config}, None)
+    assert first.on_gpu and second.on_gpu
+    held = dict((name, wait) for wait, name in first.waits)
+    assert held.get("B(s0,m0)", 0.0) > 0  # rank 0 waits for rank 1's backward to come back
+    with pytest.raises(SystemExit, match="MLP stacks only"):
+        summary.predicted({"config": {**config, "model": "conv net"}}, None)
