@@ -81,7 +81,7 @@ def test_trace_summary_simulates_the_reports_step_with_parsim_rank_by_rank():
               "hidden": 256, "tokens": 512}
     first, second = summary.predicted({"config": config}, None)
     assert first.on_gpu and second.on_gpu
-    held = dict((name, wait) for wait, name in first.waits)
+    held = {name: wait for wait, name in first.waits}
     assert held.get("B(s0,m0)", 0.0) > 0  # rank 0 waits for rank 1's backward to come back
     with pytest.raises(SystemExit, match="MLP stacks only"):
         summary.predicted({"config": {**config, "model": "conv net"}}, None)
