@@ -27,6 +27,14 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's parsim, run from anywhere
+from parsim.profile import load_profile  # noqa: E402
+from parsim.runtimes import get_runtime  # noqa: E402
+from parsim.schedules import VIRTUAL  # noqa: E402
+from parsim.sim.lower import compute_track  # noqa: E402
+from parsim.sim.predict import predict  # noqa: E402
+from parsim.workload.models import model_from_spec  # noqa: E402
+
 LABEL = "hw:"  # hw.measure.ProfilerLabels.PREFIX (this script imports no torch)
 
 
@@ -78,14 +86,6 @@ def from_report(report: dict) -> list[Summary]:
 
 def predicted(report: dict, profile_path: str | None) -> list[Summary]:
     """Each rank's compute ops as parsim simulates the report's step (its runtime, schedule and MLP stack)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's parsim, run from anywhere
-    from parsim.profile import load_profile
-    from parsim.runtimes import get_runtime
-    from parsim.schedules import VIRTUAL
-    from parsim.sim.lower import compute_track
-    from parsim.sim.predict import predict
-    from parsim.workload.models import model_from_spec
-
     c = report["config"]
     if "mlp" not in c["model"]:
         raise SystemExit(f"--predicted simulates MLP stacks only, not {c['model']}")
