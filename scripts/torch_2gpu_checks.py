@@ -10,6 +10,11 @@ into the model and set against the 2-GPU reference run (issue 12's ranking at 4 
    the reference points re-predicted at several costs.
 3. `wait()` blocking torch's host until a receive has arrived: a host sync on each receive before the compute
    that consumes it.
+4. A receive's kernel, resident on its SMs while it waits for the peer, stalling the compute beside it: on one H200
+   a waiting kernel of 4-32 CTAs held a chunk of MLP blocks until it ended (scripts/resident_kernel.py), and NCCL
+   2.28 runs a send-receive as 32-64 CTAs of 640 threads. Check 1 split into receives and sends (hw's sends fit
+   the peer's buffers: posted after their compute, they need no receiver to finish), and the step with each
+   compute held until the last receive its rank posted before it has arrived: the full stall, an upper bound.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from parsim.profile import load_profile  # noqa: E402
 from parsim.runtimes import EAGER, TORCH  # noqa: E402
 from parsim.schedules import COMPUTE_OPS  # noqa: E402
+from parsim.schedules.actions import CommPlan, Schedule  # noqa: E402
 from parsim.sim.dataflow import iter_wait_keys  # noqa: E402
 from parsim.sim.lower import compute_track, finish_step, lower, runtime_waits  # noqa: E402
 from parsim.sim.machine import Launch, Machine, Sync  # noqa: E402
@@ -38,9 +44,12 @@ def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> floa
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
 
-def comm_beside_compute(schedule, sim) -> list[float]:
-    """Per rank, the seconds its messages' kernels could run beside its compute: from when the rank could start
-    each (its host posted it and what it waits for on that rank is done) to the message's end."""
+MESSAGES = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
+
+
+def comm_beside_compute(schedule, sim, kinds: tuple[str, ...] = MESSAGES) -> list[float]:
+    """Per rank, the seconds its messages' kernels (of the `kinds` named) could run beside its compute: from when
+    the rank could start each (its host posted it and what it waits for on that rank is done) to the message's end."""
     machine = sim.machine
     op_of = {}
     for stream in machine.streams.values():
@@ -56,7 +65,7 @@ def comm_beside_compute(schedule, sim) -> list[float]:
         compute = [(op.start_s, op.end_s) for op in machine.streams[compute_track(rank)].ops]
         total = 0.0
         for a, (_, deps) in zip(acts, waits):  # waits runs rank by rank: this rank's share
-            if a.op in COMPUTE_OPS:
+            if a.op not in kinds:
                 continue
             op = op_of[a]
             ready = posted.get((f"host{rank}", id(op)), 0.0)
@@ -90,6 +99,21 @@ def blocking_step_s(schedule, model, profile) -> float:
     return max(h.finished_at for h in machine.hosts)
 
 
+def stalled(schedule: Schedule) -> Schedule:
+    """`schedule` with each compute also waiting for the last receive its rank posted before it (a receive's
+    kernel, resident while it waits, holding back the compute queued after it; earlier ones end first, in order)."""
+    waits = {a: list(msgs) for a, msgs in schedule.comm.waits.items()}
+    for acts in schedule.actions:
+        last = None
+        for a in acts:
+            if a.op in ("RECV_F", "RECV_B"):
+                last = a
+            elif a.op in COMPUTE_OPS and last is not None and last not in waits.setdefault(a, []):
+                waits[a].append(last)
+    return dataclasses.replace(schedule, comm=CommPlan(schedule.comm.batches,
+                                                       {a: tuple(msgs) for a, msgs in waits.items()}))
+
+
 def main() -> None:
     profile = load_profile(sys.argv[1] if len(sys.argv) > 1 else "parsim/profiles/default.json")
     rows = [r for r in csv.DictReader(open(sys.argv[2] if len(sys.argv) > 2 else REFERENCE))
@@ -97,22 +121,27 @@ def main() -> None:
     costs = {us: dataclasses.replace(profile, runtimes={**profile.runtimes, "torch": dataclasses.replace(
         profile.runtimes["torch"], p2p_s=us * 1e-6)}) for us in P2P_US}
     print("point: measured ms | 1. message kernels beside compute, rank 0/1, ms, hw's runner vs torch's | "
-          f"2. predicted at p2p_s {', '.join(map(str, P2P_US))} us | 3. host blocked at receives")
+          f"2. predicted at p2p_s {', '.join(map(str, P2P_US))} us | 3. host blocked at receives | "
+          "4. receives / sends beside compute, hw vs torch; the full stall")
     for r in rows:
         model = model_from_spec(f"{r['layers']}x{r['hidden']}x{r['tokens']}")
         ranks, m, name = int(r["gpus"]), int(r["microbatches"]), r["schedule"]
         measured = float(r["measured_s"]) * 1e3
-        beside = []
+        beside, split = [], []
         for runtime in (EAGER, TORCH):
             schedule = runtime.build(name, ranks, m)
-            beside.append("/".join(f"{s * 1e3:.1f}" for s in comm_beside_compute(schedule, predict(
-                schedule, model, profile, runtime=runtime if runtime is TORCH else None)[1])))
+            sim = predict(schedule, model, profile, runtime=runtime if runtime is TORCH else None)[1]
+            beside.append("/".join(f"{s * 1e3:.1f}" for s in comm_beside_compute(schedule, sim)))
+            split.append(" ".join("/".join(f"{s * 1e3:.1f}" for s in comm_beside_compute(schedule, sim, kinds))
+                                  for kinds in (("RECV_F", "RECV_B"), ("SEND_F", "SEND_B"))))
         schedule = TORCH.build(name, ranks, m)
         at = [predict(schedule, model, costs[us], runtime=TORCH)[0].step_time_s * 1e3 for us in P2P_US]
         blocked = blocking_step_s(schedule, model, profile) * 1e3
+        stall = predict(stalled(schedule), model, profile, runtime=TORCH)[0].step_time_s * 1e3
         print(f"{name} m={m}: {measured:.2f} | hw {beside[0]}, torch {beside[1]} | "
               + ", ".join(f"{t:.1f} ({t / measured - 1:+.0%})" for t in at)
-              + f" | {blocked:.1f} ({blocked / measured - 1:+.0%})")
+              + f" | {blocked:.1f} ({blocked / measured - 1:+.0%})"
+              + f" | hw {split[0]}, torch {split[1]}; {stall:.1f} ({stall / measured - 1:+.0%})")
 
 
 if __name__ == "__main__":
