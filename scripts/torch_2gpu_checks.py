@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's parsim, run from anywhere
 from parsim.profile import load_profile  # noqa: E402
 from parsim.runtimes import EAGER, TORCH  # noqa: E402
-from parsim.schedules import COMPUTE_OPS  # noqa: E402
+from parsim.schedules import COMPUTE_OPS, PAIRED_RECV  # noqa: E402
 from parsim.schedules.actions import CommPlan, Schedule  # noqa: E402
 from parsim.sim.dataflow import iter_wait_keys  # noqa: E402
 from parsim.sim.lower import compute_track, finish_step, lower, runtime_waits  # noqa: E402
@@ -44,10 +44,11 @@ def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> floa
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
 
-MESSAGES = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
+SENDS = frozenset(PAIRED_RECV)
+RECEIVES = frozenset(recv for recv, _ in PAIRED_RECV.values())
 
 
-def comm_beside_compute(schedule, sim, kinds: tuple[str, ...] = MESSAGES) -> list[float]:
+def comm_beside_compute(schedule, sim, kinds: frozenset[str]) -> list[float]:
     """Per rank, the seconds its messages' kernels (of the `kinds` named) could run beside its compute: from when
     the rank could start each (its host posted it and what it waits for on that rank is done) to the message's end."""
     machine = sim.machine
@@ -106,7 +107,7 @@ def stalled(schedule: Schedule) -> Schedule:
     for acts in schedule.actions:
         last = None
         for a in acts:
-            if a.op in ("RECV_F", "RECV_B"):
+            if a.op in RECEIVES:
                 last = a
             elif a.op in COMPUTE_OPS and last is not None and last not in waits.setdefault(a, []):
                 waits[a].append(last)
@@ -128,12 +129,13 @@ def main() -> None:
         ranks, m, name = int(r["gpus"]), int(r["microbatches"]), r["schedule"]
         measured = float(r["measured_s"]) * 1e3
         beside, split = [], []
+        ms = lambda seconds: "/".join(f"{s * 1e3:.1f}" for s in seconds)  # noqa: E731 (per rank)
         for runtime in (EAGER, TORCH):
             schedule = runtime.build(name, ranks, m)
             sim = predict(schedule, model, profile, runtime=runtime if runtime is TORCH else None)[1]
-            beside.append("/".join(f"{s * 1e3:.1f}" for s in comm_beside_compute(schedule, sim)))
-            split.append(" ".join("/".join(f"{s * 1e3:.1f}" for s in comm_beside_compute(schedule, sim, kinds))
-                                  for kinds in (("RECV_F", "RECV_B"), ("SEND_F", "SEND_B"))))
+            recvs, sends = (comm_beside_compute(schedule, sim, kinds) for kinds in (RECEIVES, SENDS))
+            beside.append(ms(r + s for r, s in zip(recvs, sends)))
+            split.append(f"{ms(recvs)} {ms(sends)}")
         schedule = TORCH.build(name, ranks, m)
         at = [predict(schedule, model, costs[us], runtime=TORCH)[0].step_time_s * 1e3 for us in P2P_US]
         blocked = blocking_step_s(schedule, model, profile) * 1e3
