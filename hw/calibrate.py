@@ -37,8 +37,8 @@ from hw.workers import host_pinned, local_rank
 from parsim import flags
 from parsim.errors import ParsimError
 from parsim.files import check_output
-from parsim.profile import (AUTOGRAD_ACCUMULATE, CollectiveSpec, HostCosts, KernelCost, LayerCosts, LinkSpec,
-                            OpCost, Profile, RuntimeCosts, load_profile, samples_path, save_profile)
+from parsim.profile import (AUTOGRAD_ACCUMULATE, CollectiveSpec, HostCosts, KernelCost, LayerCosts, LinkSpec, OpCost,
+                            Profile, ResidentComm, RuntimeCosts, load_profile, samples_path, save_profile)
 from parsim.scenarios import with_op_costs
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
@@ -609,6 +609,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         links, link_fits, copy_rows = copy_links(device, copy_sizes)
         progress.update()
         op_costs = measure_all(device, quick=cpu)
+        resident, resident_rows = resident_comm(device, cpu, base)
         progress.update()
     fits |= {f"link {k}": f for k, f in link_fits.items()}
     links = {**{k: dataclasses.replace(v, measured=False) for k, v in base.links.items()}, **links}
@@ -632,10 +633,13 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         samples["gpu_links"] = raw
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
-    samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"])
+    samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"]) \
+        + (["resident_comm"] if resident_rows is None and resident is not None else [])
+    if resident_rows is not None:
+        samples["resident_comm"] = resident_rows
     profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
                                              split_backward_s=host.get("split_backward_s", 0.0)),
-                      layers, collectives=collectives)
+                      layers, collectives=collectives, resident_comm=resident)
     if "graphs" in runtimes:
         from hw.graphcosts import calibrate_graphs
 
@@ -644,6 +648,20 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
     profile = with_op_costs(profile, op_costs)
     return dataclasses.replace(profile, kernels={**profile.kernels, AUTOGRAD_ACCUMULATE: autograd_add}), samples, fits
+
+
+def resident_comm(device: torch.device, cpu: bool, base: Profile) -> tuple[ResidentComm | None, dict | None]:
+    """Compute's speed beside a waiting kernel (hw.resident) and its raw times, on a GPU with Triton; elsewhere the
+    base profile's, carried (None for the times)."""
+    if cpu:
+        return base.resident_comm, None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return base.resident_comm, None
+    from hw.resident import measure
+
+    return measure(device)
 
 
 ADD_LAYERS = 8  # MLP blocks per stage in the gradient-add probe

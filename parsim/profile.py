@@ -198,6 +198,19 @@ class CpuCosts:
 
 
 @dataclass(frozen=True)
+class ResidentComm:
+    """Compute's speed while a communication kernel sits on its GPU waiting for its peer (`hw calibrate`).
+
+    NCCL runs a send-receive as tens of CTAs that hold their SMs until the data has moved; the matmuls beside them
+    cannot use those SMs, so compute runs at `rate` of its speed alone (0 < rate <= 1) for as long as one waits
+    (parsim.sim.sharing). source: what measured it, beside what.
+    """
+
+    rate: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything the simulator needs to know about one node type and the model's layers."""
 
@@ -213,6 +226,7 @@ class Profile:
     gpu_memory_bytes: int | None = None  # optional: one GPU's memory (torch's total_memory), plan's default limit
     gil: GilCosts | None = None  # optional: for the data-parallel scenario
     cpu: CpuCosts | None = None  # optional: for the hogwild scenario
+    resident_comm: ResidentComm | None = None  # optional: compute beside a waiting message kernel (1.0 without)
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -241,7 +255,7 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
-        for key in ("gil", "cpu", "gpu_memory_bytes"):  # optional: absent, not null, where unmeasured
+        for key in ("gil", "cpu", "gpu_memory_bytes", "resident_comm"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
                 del doc[key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
@@ -356,9 +370,11 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     memory = None if memory is None else int(number(memory, f"{origin}.gpu_memory_bytes", 1, 1e18, ProfileError))
     gil = _gil(_section(doc, "gil", origin), f"{origin}.gil") if "gil" in doc else None
     cpu = _cpu(_section(doc, "cpu", origin), f"{origin}.cpu") if "cpu" in doc else None
+    resident = _resident_comm(_section(doc, "resident_comm", origin), f"{origin}.resident_comm") \
+        if "resident_comm" in doc else None
     provisional = flag(doc.get("provisional", False), f"{origin}.provisional", ProfileError)
     return Profile(gpus, links, host, layers, provisional, meta, kernels, collectives, runtimes=runtimes,
-                   gpu_memory_bytes=memory, gil=gil, cpu=cpu)
+                   gpu_memory_bytes=memory, gil=gil, cpu=cpu, resident_comm=resident)
 
 
 def _meta(doc: Any, where: str) -> dict[str, Any]:
@@ -412,6 +428,11 @@ def _gil(doc: dict, where: str) -> GilCosts:
                     None if doc.get("cores") is None else _whole(doc, "cores", where),
                     None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
                     str(doc.get("source", "")))
+
+
+def _resident_comm(doc: dict, where: str) -> ResidentComm:
+    return ResidentComm(number(doc.get("rate"), f"{where}.rate", 0.0, 1.0, ProfileError, above=True),
+                        str(doc.get("source", "")))
 
 
 def _cpu(doc: dict, where: str) -> CpuCosts:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
-from hw.models import MlpBlock  # noqa: E402
+from hw.resident import Chunk, spin_kernel, timed  # noqa: E402
 
 SHAPES = ((2048, 2048, 4), (2048, 1024, 4), (4096, 4096, 2))  # hidden, tokens, blocks: the 2-GPU reference's
 # chunk at 4 and 8 micro-batches (16 blocks over 4 stages of 8192 tokens), and a wider one
@@ -57,56 +57,6 @@ for mb in (2, 8):  # the reference's messages at 8 and 4 micro-batches
 print("GRIDS " + json.dumps(grids), flush=True)
 dist.destroy_process_group()
 """
-
-
-def spin_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def spin(out_ptr, ns):
-        pid = tl.program_id(0)
-        start = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64,
-                                          is_pure=False, pack=1)
-        now = start
-        while now - start < ns:
-            now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64,
-                                            is_pure=False, pack=1)
-        tl.store(out_ptr + pid, now - start)
-
-    return spin
-
-
-class Chunk:
-    """`blocks` MLP blocks and a batch: one forward and backward, as a pipeline stage runs a micro-batch."""
-
-    def __init__(self, hidden: int, tokens: int, blocks: int, device: torch.device):
-        self.net = torch.nn.Sequential(*[MlpBlock(hidden) for _ in range(blocks)]).to(device, torch.bfloat16)
-        self.x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        self.dy = torch.randn_like(self.x)
-
-    def __call__(self) -> None:
-        self.net(self.x).backward(self.dy)
-
-
-def timed(chunk: Chunk, spin, ctas: int, spin_ns: int, device: torch.device, side: torch.cuda.Stream) -> float:
-    """The chunk's GPU time (s) with a spin of `ctas` CTAs started just before it (none if ctas == 0)."""
-    out = torch.zeros(max(ctas, 1), dtype=torch.int64, device=device)
-    torch.cuda.synchronize(device)
-    torch.cuda._sleep(2_000_000)  # ~1 ms: the host queues everything below before the GPU reaches it
-    mark = torch.cuda.Event()
-    mark.record()
-    if ctas:
-        side.wait_event(mark)
-        with torch.cuda.stream(side):
-            spin[(ctas,)](out, spin_ns, num_warps=16)
-    torch.cuda._sleep(20_000)  # ~10 us: the spin is resident before the chunk's first kernel
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    chunk()
-    end.record()
-    torch.cuda.synchronize(device)
-    return start.elapsed_time(end) / 1e3
 
 
 def nccl_channels() -> str:

@@ -1,4 +1,4 @@
-"""Three candidate causes of torch's multi-stage runtime running slower on two GPUs than parsim predicts, each put
+"""Four candidate causes of torch's multi-stage runtime running slower on two GPUs than parsim predicts, each put
 into the model and set against the 2-GPU reference run (issue 12's ranking at 4 micro-batches):
 
     python scripts/torch_2gpu_checks.py [PROFILE] [CSV]   (default: the shipped profile, the reference run)
@@ -10,11 +10,12 @@ into the model and set against the 2-GPU reference run (issue 12's ranking at 4 
    the reference points re-predicted at several costs.
 3. `wait()` blocking torch's host until a receive has arrived: a host sync on each receive before the compute
    that consumes it.
-4. A receive's kernel, resident on its SMs while it waits for the peer, stalling the compute beside it: on one H200
-   a waiting kernel of 4-32 CTAs held a chunk of MLP blocks until it ended (scripts/resident_kernel.py), and NCCL
-   2.28 runs a send-receive as 32-64 CTAs of 640 threads. Check 1 split into receives and sends (hw's sends fit
-   the peer's buffers: posted after their compute, they need no receiver to finish), and the step with each
-   compute held until the last receive its rank posted before it has arrived: the full stall, an upper bound.
+4. A receive's kernel, resident on its SMs while it waits for the peer, slowing the compute beside it: on one H200
+   a chunk of MLP blocks ran at 0.6-0.7 of its speed beside a waiting kernel of 4-32 CTAs
+   (scripts/resident_kernel.py), and NCCL 2.28 runs a send-receive as 32-64 CTAs. Check 1 split into receives and
+   sends (hw's sends fit the peer's buffers: posted after their compute, they need no receiver to finish), and the
+   step as the model predicts it without that slowdown and with it (the profile's `resident_comm`,
+   parsim.sim.sharing).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from parsim.profile import load_profile  # noqa: E402
 from parsim.runtimes import EAGER, TORCH  # noqa: E402
 from parsim.schedules import COMPUTE_OPS, PAIRED_RECV  # noqa: E402
-from parsim.schedules.actions import CommPlan, Schedule  # noqa: E402
 from parsim.sim.dataflow import iter_wait_keys  # noqa: E402
 from parsim.sim.lower import compute_track, finish_step, lower, runtime_waits  # noqa: E402
 from parsim.sim.machine import Launch, Machine, Sync  # noqa: E402
@@ -100,21 +100,6 @@ def blocking_step_s(schedule, model, profile) -> float:
     return max(h.finished_at for h in machine.hosts)
 
 
-def stalled(schedule: Schedule) -> Schedule:
-    """`schedule` with each compute also waiting for the last receive its rank posted before it (a receive's
-    kernel, resident while it waits, holding back the compute queued after it; earlier ones end first, in order)."""
-    waits = {a: list(msgs) for a, msgs in schedule.comm.waits.items()}
-    for acts in schedule.actions:
-        last = None
-        for a in acts:
-            if a.op in RECEIVES:
-                last = a
-            elif a.op in COMPUTE_OPS and last is not None and last not in waits.setdefault(a, []):
-                waits[a].append(last)
-    return dataclasses.replace(schedule, comm=CommPlan(schedule.comm.batches,
-                                                       {a: tuple(msgs) for a, msgs in waits.items()}))
-
-
 def main() -> None:
     profile = load_profile(sys.argv[1] if len(sys.argv) > 1 else "parsim/profiles/default.json")
     rows = [r for r in csv.DictReader(open(sys.argv[2] if len(sys.argv) > 2 else REFERENCE))
@@ -123,7 +108,7 @@ def main() -> None:
         profile.runtimes["torch"], p2p_s=us * 1e-6)}) for us in P2P_US}
     print("point: measured ms | 1. message kernels beside compute, rank 0/1, ms, hw's runner vs torch's | "
           f"2. predicted at p2p_s {', '.join(map(str, P2P_US))} us | 3. host blocked at receives | "
-          "4. receives / sends beside compute, hw vs torch; the full stall")
+          "4. receives / sends beside compute, hw vs torch; the step without and with their slowdown")
     for r in rows:
         model = model_from_spec(f"{r['layers']}x{r['hidden']}x{r['tokens']}")
         ranks, m, name = int(r["gpus"]), int(r["microbatches"]), r["schedule"]
@@ -139,11 +124,14 @@ def main() -> None:
         schedule = TORCH.build(name, ranks, m)
         at = [predict(schedule, model, costs[us], runtime=TORCH)[0].step_time_s * 1e3 for us in P2P_US]
         blocked = blocking_step_s(schedule, model, profile) * 1e3
-        stall = predict(stalled(schedule), model, profile, runtime=TORCH)[0].step_time_s * 1e3
+        apart = predict(schedule, model, dataclasses.replace(profile, resident_comm=None),
+                        runtime=TORCH)[0].step_time_s * 1e3
+        shared = predict(schedule, model, profile, runtime=TORCH)[0].step_time_s * 1e3
         print(f"{name} m={m}: {measured:.2f} | hw {beside[0]}, torch {beside[1]} | "
               + ", ".join(f"{t:.1f} ({t / measured - 1:+.0%})" for t in at)
               + f" | {blocked:.1f} ({blocked / measured - 1:+.0%})"
-              + f" | hw {split[0]}, torch {split[1]}; {stall:.1f} ({stall / measured - 1:+.0%})")
+              + f" | hw {split[0]}, torch {split[1]}; "
+              + ", ".join(f"{t:.1f} ({t / measured - 1:+.0%})" for t in (apart, shared)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -88,19 +89,19 @@ def last_gradient_actions(schedule: Schedule) -> dict[int, Action]:
 
 def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
           copy_streams: bool = False, gpu_offset: int = 0, grad_buckets: dict[int, int] | None = None,
-          ) -> Lowered:
+          slower: Mapping[Action, float] | None = None) -> Lowered:
     """Build one training step of a validated `schedule` on GPUs gpu_offset.. of `machine`.
 
     A compute action is one op on its GPU's compute stream, its kernels launched layer by
     layer; a send and its receive are one message op on the channel src->dst, issued by both
     hosts. With grad_buckets (stage -> n), a stage's last gradient-producing action is split
-    into n equal chunks, one per gradient bucket, as DDP's hooks see them. No host syncs yet:
-    `finish_step` adds them once every op is in place.
+    into n equal chunks, one per gradient bucket, as DDP's hooks see them. `slower` (action -> seconds) lengthens
+    compute actions (parsim.sim.sharing). No host syncs yet: `finish_step` adds them once every op is in place.
     """
     launches = _compute_launches(costs, profile)
     ops = op_table(schedule)
     add_s = gradient_adds(profile, costs)
-    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, add_s)
+    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, add_s, slower)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of)
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
@@ -108,7 +109,8 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
 
 def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                  gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable,
-                 add_s: list[float] | None = None) -> dict[Action, list[Op]]:
+                 add_s: list[float] | None = None, slower: Mapping[Action, float] | None = None,
+                 ) -> dict[Action, list[Op]]:
     """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
     return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
     each gradient action after its stage's first also adds its gradients into the step's."""
@@ -128,6 +130,8 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
                 if stage in graded:
                     gpu_s += add_s[stage]
                 graded.add(stage)
+            if slower:
+                gpu_s += slower.get(a, 0.0)
             if not split or a not in split:
                 op = ops[kind][stage][mb] = Op(env, a, track, gpu_s, tail_s=tail_s)
                 stream.append(op)

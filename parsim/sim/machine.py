@@ -145,18 +145,24 @@ class HostThread:
         Replayed from the steps and the sync times with run's arithmetic, so the times are run's
         own; made on demand because large runs are seldom drawn.
         """
-        spans = []
+        return [(step.op, t, t + step.host_s) for step, t in self._replay() if step.host_s > 0]
+
+    def issued(self) -> dict[int, float]:
+        """id(op) -> when this host let the device start it (its launch's start plus first_s)."""
+        return {id(step.op): t + step.first_s for step, t in self._replay()}
+
+    def _replay(self) -> Iterator[tuple[Launch, float]]:
+        """Each launch with the time the host began it."""
         t, synced = self.started_at, iter(self.synced_at)
         for step in self.steps:
             if type(step) is Launch:
+                yield step, t
                 if step.host_s > 0:
-                    spans.append((step.op, t, t + step.host_s))
                     t += step.host_s
                 continue
             t = next(synced, None)
             if t is None:  # the run stopped in this sync (a deadlock)
                 break
-        return spans
 
 
 class Stream:

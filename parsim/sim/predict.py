@@ -12,7 +12,8 @@ from parsim.errors import ProfileError
 from parsim.sim.machine import HostThread, Machine, Op, gc_paused
 from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import settle_step
-from parsim.sim.lower import compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Schedule, gpipe
@@ -96,16 +97,27 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
 
     The step is settled by one longest-path pass (parsim.sim.longest_path) where no link is shared, else on
     the event-driven machine; both give the same times, to the bit. `engine` forces one, for tests
-    ("longest-path" raises where it does not apply).
+    ("longest-path" raises where it does not apply). Where receives wait beside compute and the profile says
+    that slows it, the machine settles the step until the slowdowns agree (parsim.sim.sharing).
     """
     with gc_paused():
         validate(schedule, copy_streams, check_deadlock=False, check_order=False)  # the simulation finds these
         buckets = gradient_buckets(costs) if data_parallel > 1 else None
         gpus = schedule.num_ranks * data_parallel
 
-        def run_machine() -> Machine:
-            return _run_machine(schedule, costs, profile, copy_streams, data_parallel, buckets)
+        def lowered(slower: Slower | None = None) -> tuple[Machine, OpTable]:
+            return _lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower)
 
+        def run_machine() -> Machine:
+            return lowered()[0]
+
+        resident = profile.resident_comm
+        if resident is not None and resident.rate < 1 and early_receives(schedule):
+            if engine == "longest-path":
+                raise ValueError("the longest-path pass does not apply to this step (receives waiting beside compute)")
+            check_channel_order(schedule)
+            machine, slower = settle_sharing(lowered, schedule, resident.rate, copy_streams)
+            return _simulation(machine, gpus, lambda: lowered(slower)[0])
         settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
             if engine != "events" else None
         if settled is not None:
@@ -113,30 +125,35 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
         if engine == "longest-path":
             raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
-        machine = run_machine()
-        busy = {compute_track(g): 0.0 for g in range(gpus)}
-        for stream in machine.streams.values():
-            if stream.name in busy:
-                for op in stream.ops:
-                    busy[stream.name] += op.end_s - op.start_s
-        sim = Simulation(max((h.finished_at for h in machine.hosts), default=0.0), tuple(busy.values()),
-                         run_machine)
-        sim.__dict__["machine"] = machine  # already run: cached_property's slot
-        return sim
+        return _simulation(run_machine(), gpus, run_machine)
 
 
-def _run_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
-                 data_parallel: int, buckets: dict[int, int] | None) -> Machine:
-    """The step lowered onto the event-driven machine and run (raising ScheduleError on a deadlock)."""
+def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine]) -> Simulation:
+    """The Simulation of a machine already run."""
+    busy = {compute_track(g): 0.0 for g in range(gpus)}
+    for stream in machine.streams.values():
+        if stream.name in busy:
+            for op in stream.ops:
+                busy[stream.name] += op.end_s - op.start_s
+    sim = Simulation(max((h.finished_at for h in machine.hosts), default=0.0), tuple(busy.values()), run_machine)
+    sim.__dict__["machine"] = machine  # already run: cached_property's slot
+    return sim
+
+
+def _lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
+                     data_parallel: int, buckets: dict[int, int] | None, slower: Slower | None = None,
+                     ) -> tuple[Machine, OpTable]:
+    """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
+    first replica's op table."""
     with gc_paused():
         machine = Machine()
-        replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets)
+        replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower)
                     for r in range(data_parallel)]
         if data_parallel > 1:
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
         finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
-    return machine
+    return machine, replicas[0].ops
 
 
 def single_gpu_step_s(model: Model, profile: Profile) -> float:
