@@ -15,6 +15,7 @@ with its rank's waiting receives, half-way towards the lengths the last settleme
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from itertools import islice
 
@@ -90,13 +91,18 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def lengthening(schedule: Schedule, machine: Machine, windows: list[list[tuple[float, float]]],
                 rate: float) -> Slower:
-    """Each compute action's GPU time lost to the waiting receives beside it: (1 - rate) x its overlap with them."""
+    """Each compute action's GPU time lost to the waiting receives beside it: (1 - rate) x its overlap with them
+    (`windows`: per rank, disjoint and in time order)."""
     out: Slower = {}
     for rank, spans in enumerate(windows):
         if not spans:
             continue
+        ends = [b for _, b in spans]
         for op in machine.streams[compute_track(rank)].ops:
-            overlap = sum(max(0.0, min(op.end_s, b) - max(op.start_s, a)) for a, b in spans)
+            overlap, k = 0.0, bisect_right(ends, op.start_s)  # the first window still open at the op's start
+            while k < len(spans) and spans[k][0] < op.end_s:
+                overlap += min(op.end_s, spans[k][1]) - max(op.start_s, spans[k][0])
+                k += 1
             if overlap > 0:
                 action = op.label.action if isinstance(op.label, Chunk) else op.label
                 out[action] = out.get(action, 0.0) + (1.0 - rate) * overlap
