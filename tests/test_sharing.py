@@ -16,7 +16,7 @@ from parsim.schedules import VIRTUAL, act
 from parsim.sim.lower import compute_track
 from parsim.sim.machine import Machine
 from parsim.sim.predict import _lowered_machine, predict, simulate
-from parsim.sim.sharing import early_receives, lengthening, rate_beside, settle_sharing, waiting
+from parsim.sim.sharing import early_receives, lengthening, rate_beside, settle_sharing, stretch, waiting
 from parsim.workload import mlp_model, stage_costs
 
 SLOW = ResidentComm(0.6, "tests")
@@ -24,9 +24,9 @@ SLOW = ResidentComm(0.6, "tests")
 
 @given(rate=st.floats(0.05, 1.0), spin=st.floats(0.1, 3.0))
 def test_the_probes_reading_recovers_the_speed_beside_a_kernel_there_throughout_or_gone_midway(rate, spin):
-    # a chunk of unit time at `rate` while the kernel waits for `spin`: done inside it, or after it left
-    ratio = 1 / rate if 1 / rate <= spin else spin + (1 - spin * rate)
+    ratio = stretch(rate, spin)
     assert rate_beside(ratio, spin) == pytest.approx(rate, rel=1e-9)
+    assert ratio == pytest.approx(min(1 / rate, spin + 1 - spin * rate))  # done inside the wait, or after it
 
 
 def test_the_probes_reading_stays_a_speed_when_noise_makes_the_chunk_faster_than_alone():

@@ -32,6 +32,12 @@ MAX_ROUNDS = 200  # settlements at most (the damped rounds of the 2-8 GPU torch 
 Slower = dict[Action, float]  # compute action -> seconds added to its GPU time
 
 
+def stretch(rate: float, spin: float) -> float:
+    """A compute's time against alone with a kernel waiting beside its first `spin` x that time, at `rate` meanwhile:
+    done while the kernel waits, or after it left with the work it had left."""
+    return 1 / rate if 1 / rate <= spin else spin + 1 - spin * rate
+
+
 def rate_beside(ratio: float, spin: float) -> float:
     """Compute's speed beside a waiting kernel, read off a chunk that took `ratio` x its time alone with a kernel
     waiting beside it for the first `spin` x that time: 1 / ratio where the kernel outlasted the chunk, else the
