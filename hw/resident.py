@@ -55,18 +55,22 @@ class Chunk:
 
 
 def timed(chunk: Chunk, spin, ctas: int, spin_ns: int, device: torch.device, side: torch.cuda.Stream,
-          warps: int = WARPS) -> float:
-    """The chunk's GPU time (s) with a spin of `ctas` CTAs started just before it (none if ctas == 0)."""
+          warps: int = WARPS, after: Chunk | None = None) -> float:
+    """The chunk's GPU time (s) with a spin of `ctas` CTAs beside it (none if ctas or spin_ns is 0): started ~10 us
+    before it, or with `after`, released when that chunk, run first, ends (as torch's receive is)."""
     out = torch.zeros(max(ctas, 1), dtype=torch.int64, device=device)
     torch.cuda.synchronize(device)
     torch.cuda._sleep(2_000_000)  # ~1 ms: the host queues everything below before the GPU reaches it
+    if after is not None:
+        after()
     mark = torch.cuda.Event()
     mark.record()
-    if ctas:
+    if ctas and spin_ns:
         side.wait_event(mark)
         with torch.cuda.stream(side):
             spin[(ctas,)](out, spin_ns, num_warps=warps)
-    torch.cuda._sleep(20_000)  # ~10 us: the spin is resident before the chunk's first kernel
+    if after is None:
+        torch.cuda._sleep(20_000)  # ~10 us: the spin is resident before the chunk's first kernel
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     chunk()

@@ -29,26 +29,6 @@ SPANS = (0.25, 0.5, 1.0, 1.5)
 CTAS = 64
 
 
-def after(first: Chunk, chunk: Chunk, spin, spin_ns: int, device: torch.device, side: torch.cuda.Stream) -> float:
-    """`chunk`'s GPU time (s) run after `first`, with a spin of CTAS CTAs released when `first` ends (none if 0)."""
-    out = torch.zeros(CTAS, dtype=torch.int64, device=device)
-    torch.cuda.synchronize(device)
-    torch.cuda._sleep(2_000_000)  # the host queues everything below before the GPU reaches it
-    first()
-    done = torch.cuda.Event()
-    done.record()
-    if spin_ns:
-        side.wait_event(done)
-        with torch.cuda.stream(side):
-            spin[(CTAS,)](out, spin_ns, num_warps=16)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    chunk()
-    end.record()
-    torch.cuda.synchronize(device)
-    return start.elapsed_time(end) / 1e3
-
-
 def main() -> None:
     out = Path(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 9
@@ -56,16 +36,15 @@ def main() -> None:
     spin, side = spin_kernel(), torch.cuda.Stream(device)
     a, b = Chunk(*CHUNK, device), Chunk(*CHUNK, device)
     for _ in range(5):
-        after(a, b, spin, 100_000, device, side)
+        timed(b, spin, CTAS, 100_000, device, side, after=a)
         timed(b, spin, CTAS, 100_000, device, side)
-    alone = statistics.median(after(a, b, spin, 0, device, side) for _ in range(5))
+    alone = statistics.median(timed(b, spin, CTAS, 0, device, side, after=a) for _ in range(5))
     points = [("after", 0.0)] + [("after", s) for s in SPANS] + [("probe", s) for s in (1.5, 0.5)]
     times: dict[str, list[float]] = {f"{k}:{s}": [] for k, s in points}
     for _ in range(rounds):
         for kind, s in points:
             ns = int(alone * s * 1e9)
-            times[f"{kind}:{s}"].append(after(a, b, spin, ns, device, side) if kind == "after"
-                                        else timed(b, spin, CTAS, ns, device, side))
+            times[f"{kind}:{s}"].append(timed(b, spin, CTAS, ns, device, side, after=a if kind == "after" else None))
     base = statistics.median(times["after:0.0"])
     ratio = {key: statistics.median(t) / base for key, t in times.items()}
     rate = statistics.median(rate_beside(ratio[f"probe:{s}"], s) for s in (1.5, 0.5))

@@ -225,7 +225,8 @@ PROFILE_CASES = {
     "gpus_per_node_1_point_5": ("predict", {"gpus_per_node": 1.5}, "gpus_per_node must be a whole number"),
     "gpu_memory_bytes_infinity": ("plan", {"gpu_memory_bytes": float("inf")}, "gpu_memory_bytes must be"),
     "runtime_gpu_scale_1e300": ("predict --runtime torch", {"runtimes.torch.gpu_scale": 1e300}, "gpu_scale"),
-    "resident_comm_rate_0": ("predict", {"resident_comm.rate": 0}, "resident_comm.rate must be a finite number above 0"),
+    "resident_comm_rate_0": ("predict", {"resident_comm.rate": 0},
+                             "resident_comm.rate must be a finite number above 0"),
     "resident_comm_rate_above_1": ("predict", {"resident_comm.rate": 1.5}, "resident_comm.rate must be"),
     "resident_comm_a_list": ("predict", {"resident_comm": [0.6]}, "resident_comm is missing or not an object"),
 }

@@ -40,7 +40,8 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert "host.p2p_s" not in profile.meta["carried_from_base"] and profile.host.p2p_s > 0
     assert "gpus_per_node" in profile.meta["carried_from_base"]
     # no GPU to measure compute beside a waiting kernel: the base's rate, carried and named
-    assert profile.resident_comm == load_profile().resident_comm and "resident_comm" in profile.meta["carried_from_base"]
+    assert profile.resident_comm == load_profile().resident_comm
+    assert "resident_comm" in profile.meta["carried_from_base"]
     # --conv: each kind and each shape of the (tiny, on the CPU) conv net, with its own host cost per layer
     assert {"conv", "conv@4x8", "conv@8x4", "down", "down@8x4"} <= profile.layers.keys()
     assert profile.layers["conv"].forward.host_s > 0 and "conv@8x4 forward" in samples["meta"]["fits"]
