@@ -2,7 +2,7 @@
 
 NCCL runs a send-receive as tens of CTAs that hold their SMs from the moment their stream starts them until the
 data has moved; the compute beside them runs at `profile.resident_comm.rate` of its speed meanwhile (one H200:
-0.67 beside 32 waiting CTAs, `data/diagnose/h200-2026-11-24-resident`). That happens where a runtime posts a
+0.55-0.68 beside 32-64 waiting CTAs, `data/calibration/h200-2026-11-24-resident`). That happens where a runtime posts a
 receive ahead of a compute other than the one that consumes it (torch's multi-stage classes): its kernel starts
 once the compute queued before it has ended (the communication stream waits for it) and waits beside the next
 compute until the peer sends. A receive posted just before its consumer waits with the compute stream instead,
