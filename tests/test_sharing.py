@@ -77,7 +77,7 @@ def test_the_settled_step_is_one_its_own_slowdowns_imply_and_no_faster_than_with
     def run(slower):
         return _lowered_machine(schedule, costs, profile, False, 1, None, slower)
 
-    machine, slower = settle_sharing(run, schedule, SLOW.rate)
+    machine, slower = settle_sharing(run, schedule, early_receives(schedule), SLOW.rate)
     again, table = run(slower)
     implied = lengthening(schedule, again, waiting(schedule, again, table, early_receives(schedule)), SLOW.rate)
     assert slower and all(abs(implied.get(a, 0.0) - slower.get(a, 0.0)) <= 1e-8 for a in implied.keys() | slower.keys())

@@ -112,11 +112,12 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
             return lowered()[0]
 
         resident = profile.resident_comm
-        if resident is not None and resident.rate < 1 and early_receives(schedule):
+        early = early_receives(schedule) if resident is not None and resident.rate < 1 else None
+        if early:
             if engine == "longest-path":
                 raise ValueError("the longest-path pass does not apply to this step (receives waiting beside compute)")
             check_channel_order(schedule)
-            machine, slower = settle_sharing(lowered, schedule, resident.rate, copy_streams)
+            machine, slower = settle_sharing(lowered, schedule, early, resident.rate, copy_streams)
             return _simulation(machine, gpus, lambda: lowered(slower)[0])
         settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
             if engine != "events" else None

@@ -115,11 +115,11 @@ def lengthening(schedule: Schedule, machine: Machine, windows: list[list[tuple[f
     return out
 
 
-def settle_sharing(run: Callable[[Slower], tuple[Machine, OpTable]], schedule: Schedule, rate: float,
-                   copy_streams: bool = False) -> tuple[Machine, Slower]:
-    """The step with each compute slowed by the receives waiting beside it: `run(slower)` settles it with those
-    lengthenings; returns the last settlement and its lengthenings, once they imply themselves."""
-    early = early_receives(schedule)
+def settle_sharing(run: Callable[[Slower], tuple[Machine, OpTable]], schedule: Schedule, early: frozenset[Action],
+                   rate: float, copy_streams: bool = False) -> tuple[Machine, Slower]:
+    """The step with each compute slowed by the `early` receives (early_receives) waiting beside it: `run(slower)`
+    settles it with those lengthenings; returns the last settlement and its lengthenings, once they imply
+    themselves."""
     slower: Slower = {}
     for rounds in range(1, MAX_ROUNDS + 1):
         machine, table = run(slower)
