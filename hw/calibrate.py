@@ -208,6 +208,44 @@ def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit
     return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
 
 
+GRAD_ADD_ROUNDS = 20
+
+
+def grad_add_host(device: torch.device, dtype: torch.dtype, rounds: int = GRAD_ADD_ROUNDS) -> tuple[float, dict]:
+    """The host's time per layer to add a backward's weight gradients into .grad (host.grad_add_s): autograd hands a
+    step's first backward of a stage its gradients as they are (.grad is None), and makes each later one add them
+    in, a kernel per parameter tensor (6 per MLP block). Stages of 1-8 tiny blocks (the GPU idle, so a span is the
+    host's) take the first backward of a step with .grad cleared and with it kept, in turns, the order swapped each
+    round; the per-layer cost is the slope over depth of the medians' difference."""
+    from hw.executor import local_runner
+    from hw.measure import HostSpans
+    from parsim.schedules import Op, gpipe
+
+    probes = []
+    for k in HOST_DEPTHS["mlp"]:
+        runner, io = local_runner(host_stage("mlp", k, 16), gpipe(1, 2), device, dtype)
+        params = [p for module in runner.stages.values() for p in module.parameters()]
+        runner.step(io)
+        probes.append((k, runner, io, params))
+    spans: dict[tuple[int, bool], list[float]] = {(k, fresh): [] for k, *_ in probes for fresh in (True, False)}
+    with host_pinned(device, 0):  # as hw measure times its steps
+        for r in range(rounds):
+            for k, runner, io, params in probes:
+                for fresh in (r % 2 == 0, r % 2 == 1):
+                    if fresh:
+                        for p in params:
+                            p.grad = None
+                    timer = HostSpans(lambda action: action.op == Op.BACKWARD)
+                    runner.step(io, timer)
+                    spans[k, fresh].append(timer.spans[0][1])
+    sync(device)
+    rows = [{"layers": k, "fresh_s": statistics.median(spans[k, True]),
+             "adding_s": statistics.median(spans[k, False])} for k, *_ in probes]
+    extra = [r["adding_s"] - r["fresh_s"] for r in rows]
+    slope = float(np.polyfit([r["layers"] for r in rows], extra, 1)[0])
+    return max(slope, 0.0), {"rows": rows, "per_layer_s": slope}
+
+
 def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> float:
     """GPU time of one micro-batch's forward plus backward of `model` inside hw's real step on one GPU.
 
@@ -496,6 +534,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} "
               + ("applied to their costs" if slow.get("applied", True)
                  else "(a check: their costs follow hw's runner's stages)"))
+    print(f"adding gradients into .grad: {profile.host.grad_add_s * 1e6:.1f} us of host time per layer (a stage's "
+          f"first backward of a step adds none)")
     for name, costs in profile.runtimes.items():
         if name in samples["runtimes"]:
             print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
@@ -511,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
 def _torch_costs(profile: Profile, cpu: bool, gpus: int, host_steps: list[dict]) -> tuple:
     from hw.torch_costs import measure
 
-    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", gpus, host_steps)
+    return measure(profile.host.p2p_s, "cpu" if cpu else "cuda", gpus, host_steps, profile.host.grad_add_s)
 
 
 # runtime -> (profile, cpu, gpus, host-step rows) -> (RuntimeCosts, samples, fits, meta)
@@ -578,8 +618,9 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
         host_rows = {"mlp": host_samples(device, dtype, split=True)}
         spans, _, fits = host_costs(host_rows["mlp"])
+        grad_add_s, grad_add_rows = grad_add_host(device, dtype)
         step_rows = host_steps.probe_rows("cpu" if cpu else "cuda", "fp32" if cpu else "bf16", "torch" in runtimes)
-        level = host_steps.hw_level(step_rows, spans["forward_s"] + spans["backward_s"])
+        level = host_steps.hw_level(step_rows, spans["forward_s"] + spans["backward_s"], grad_add_s)
         host, fits["host hw whole steps"] = host_steps.leveled(spans, level), level.fit
         progress.update()
         hosts = {"mlp": host}
@@ -617,7 +658,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     samples = {"layers": layer_rows, "stages": stage_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"),
                "copies": copy_rows,
                "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level),
-               "autograd_accumulate": add_rows["rows"]}
+               "autograd_accumulate": add_rows["rows"], "grad_add_host": grad_add_rows}
     if conv:
         samples["host_by_kind"] = host_rows
     if transformers:
@@ -638,7 +679,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     if resident_rows is not None:
         samples["resident_comm"] = resident_rows
     profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
-                                             split_backward_s=host.get("split_backward_s", 0.0)),
+                                             split_backward_s=host.get("split_backward_s", 0.0), grad_add_s=grad_add_s),
                       layers, collectives=collectives, resident_comm=resident)
     if "graphs" in runtimes:
         from hw.graphcosts import calibrate_graphs

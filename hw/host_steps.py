@@ -5,7 +5,12 @@ one stage) and, when asked, torch.distributed.pipelining's GPipe and 1F1B (one s
 stages on the one rank) step in turns (hw.measure's turns: one step of each per round, between barriers) over
 depths k and micro-batch counts m, in a fresh process of world size 1. Each runtime's steps are fitted to
 
-    step = step_s + actions * action_s + layers * per_layer_s      (actions = 2 m stages, layers = m stages k)
+    step = step_s + actions * action_s + layers * per_layer_s - stages k grad_add_s
+                                                   (actions = 2 m stages, layers = m stages k)
+
+where grad_add_s, measured apart (hw.calibrate.grad_add_host), is what each stage's first backward of a step does
+not pay: .grad is None then, so autograd adds no gradients in. per_layer_s is then a layer's cost in a backward
+that adds them, as the spans' are.
 
 Why whole steps: the spans around single actions (hw.calibrate.host_samples) summed to 26% and 36% more per layer
 than whole steps of the same stages in two calibrations of one lease (data/validation/h200x2-2026-11-23-*/), and
@@ -58,26 +63,27 @@ def probe_rows(device: str, dtype: str, with_torch: bool = False, timeout_s: flo
     return rows
 
 
-def _terms(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row (1, compute actions, layer passes) and its step time."""
+def _terms(rows: list[dict], grad_add_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (1, compute actions, layer passes), its step time, and what its stages' first backwards saved."""
     x = np.array([(1.0, 2 * r["microbatches"] * r["stages"], r["microbatches"] * r["stages"] * r["layers"])
                   for r in rows])
-    return x, np.array([r["step_s"] for r in rows])
+    saved = np.array([r["stages"] * r["layers"] * grad_add_s for r in rows])
+    return x, np.array([r["step_s"] for r in rows]), saved
 
 
-def fit_loop(rows: list[dict]) -> tuple[np.ndarray, Fit]:
+def fit_loop(rows: list[dict], grad_add_s: float = 0.0) -> tuple[np.ndarray, Fit]:
     """(step_s, action_s, per_layer_s) >= 0 by least squares on relative residuals, and the fit's quality
     (reported as fixed_s = action_s, rate = layers per second, like the other host fits)."""
-    x, t = _terms(rows)
-    sol = least_squares(lambda p: x @ p / t - 1, x0=np.full(3, t.min() / x.sum(axis=1).max()),
+    x, t, saved = _terms(rows, grad_add_s)
+    sol = least_squares(lambda p: (x @ p - saved) / t - 1, x0=np.full(3, t.min() / x.sum(axis=1).max()),
                         bounds=(0, np.inf))
-    return sol.x, quality(sol.x, rows)
+    return sol.x, quality(sol.x, rows, grad_add_s)
 
 
-def quality(params: np.ndarray, rows: list[dict]) -> Fit:
+def quality(params: np.ndarray, rows: list[dict], grad_add_s: float = 0.0) -> Fit:
     """How well (step_s, action_s, per_layer_s) predicts `rows`: R^2 and the worst relative residual."""
-    x, t = _terms(rows)
-    pred = x @ params
+    x, t, saved = _terms(rows, grad_add_s)
+    pred = x @ params - saved
     r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
     return Fit(float(params[1]), 1 / max(float(params[2]), 1e-30), float(r2), float(np.max(np.abs(pred / t - 1))))
 
@@ -94,9 +100,9 @@ class Level:
     fit: Fit
 
 
-def hw_level(rows: list[dict], spans_per_layer_s: float) -> Level:
+def hw_level(rows: list[dict], spans_per_layer_s: float, grad_add_s: float = 0.0) -> Level:
     """The level of hw's host costs from the probe rows; spans_per_layer_s: the spans' forward + backward per layer."""
-    params, fit = fit_loop([r for r in rows if r["runtime"] == "hw"])
+    params, fit = fit_loop([r for r in rows if r["runtime"] == "hw"], grad_add_s)
     step_s, action_s, per_layer_s = (float(v) for v in params)
     return Level(step_s, action_s, per_layer_s, per_layer_s / spans_per_layer_s, fit)
 

@@ -23,11 +23,14 @@ from parsim.profile import SCALES, RuntimeCosts
 from parsim.runtimes.torch_pipelining import CLASSES, TORCH, TORCH_VERSION
 
 
-def runtime_costs(rows: list[dict], p2p_s: float, p2p_measured: bool) -> tuple[RuntimeCosts, dict[str, Fit], dict]:
-    """torch's RuntimeCosts from the probe rows; its fits (torch's, its check on interleaved, hw's); provenance."""
-    torch_params, torch_fit = fit_loop([r for r in rows if r["runtime"] == "torch" and r["schedule"] in FITTED])
-    hw_params, hw_fit = fit_loop([r for r in rows if r["runtime"] == "hw"])
-    check = quality(torch_params, [r for r in rows if r["schedule"] == CHECKED])
+def runtime_costs(rows: list[dict], p2p_s: float, p2p_measured: bool, grad_add_s: float = 0.0,
+                  ) -> tuple[RuntimeCosts, dict[str, Fit], dict]:
+    """torch's RuntimeCosts from the probe rows (each stage's first backward of a step saving grad_add_s per layer,
+    as hw.host_steps fits them); its fits (torch's, its check on interleaved, hw's); provenance."""
+    torch_params, torch_fit = fit_loop([r for r in rows if r["runtime"] == "torch" and r["schedule"] in FITTED],
+                                       grad_add_s)
+    hw_params, hw_fit = fit_loop([r for r in rows if r["runtime"] == "hw"], grad_add_s)
+    check = quality(torch_params, [r for r in rows if r["schedule"] == CHECKED], grad_add_s)
     step_s, action_s, per_layer_s = (float(v) for v in torch_params)
     ratio = per_layer_s / float(hw_params[2]) if hw_params[2] > 0 else math.inf
     # hw's per-layer slope fitted at (nearly) 0, as on a busy CPU: no ratio to take (it came out 1.6e13 once), so
@@ -89,10 +92,10 @@ def p2p_host_s(device: str) -> float:
     return statistics.median(per_rank[0] + per_rank[1])
 
 
-def measure(base_p2p_s: float, device: str, gpus: int, rows: list[dict]
+def measure(base_p2p_s: float, device: str, gpus: int, rows: list[dict], grad_add_s: float = 0.0,
             ) -> tuple[RuntimeCosts, dict, dict[str, Fit], dict]:
     """torch's RuntimeCosts on this machine from the host-step probe's rows (hw.host_steps, taken with torch's
     jobs), its raw rows, fits and provenance (p2p_s measured with 2+ GPUs)."""
     p2p = p2p_host_s(device) if gpus >= 2 else None
-    costs, fits, provenance = runtime_costs(rows, base_p2p_s if p2p is None else p2p, p2p is not None)
+    costs, fits, provenance = runtime_costs(rows, base_p2p_s if p2p is None else p2p, p2p is not None, grad_add_s)
     return costs, {"probes": rows, "p2p_s": p2p}, fits, provenance

@@ -94,6 +94,10 @@ class HostCosts:
     # per weighted module); charged to its weight-grad action
     split_backward_s: float = 0.0
     begin_s: float = 0.0  # once per step and rank, before its first action (a runtime's: the batch into its buffers)
+    # per layer, what a gradient action pays to add its weight gradients into .grad (autograd's AccumulateGrad, a
+    # kernel per parameter tensor): the layers' host_s include it; a stage's first gradient action of a step finds
+    # .grad None, takes its gradients as they are, and pays this much less per layer
+    grad_add_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,7 @@ class Profile:
         """This profile with every host cost (per action, per message, per layer, per step) times `factor`."""
         host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
                        step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor,
-                       begin_s=self.host.begin_s * factor)
+                       begin_s=self.host.begin_s * factor, grad_add_s=self.host.grad_add_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
@@ -261,6 +265,8 @@ class Profile:
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
             if not costs["begin_s"]:
                 del costs["begin_s"]
+        if not doc["host"]["grad_add_s"]:  # measured since 2026-11-25: absent in older profiles
+            del doc["host"]["grad_add_s"]
         return doc
 
 
@@ -268,7 +274,7 @@ class Profile:
 # 5e-324 FLOP/s or a latency of 1e308 s would). A fit's rate reaches 1e30 where a cost does not grow with the work.
 SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
 RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
-HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s")  # host costs a profile may give as 0
+HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s", "grad_add_s")  # host costs a profile may give as 0
 SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
 CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
 MAX_COUNT = 10**6  # GPUs per node, threads, cores

@@ -164,3 +164,22 @@ def test_a_split_backwards_extra_host_cost_lengthens_a_host_bound_step_by_layers
     extra = (predict(schedule, model, split)[0].step_time_s - predict(schedule, model, base)[0].step_time_s)
     expected = 0.0 if name == "1f1b" else m * layers / gpus * split_s
     assert extra == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("name,gpus", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 1), ("zb-h1", 1),
+                                       ("gpipe", 2)])
+@pytest.mark.parametrize("m", [1, 4])
+def test_a_stages_first_backward_of_a_step_saves_its_gradient_adds_once(name, gpus, m):
+    """GPU work free, the host sets the pace: .grad is None until a stage's first gradient action, which adds
+    nothing in, so a step is shorter by grad_add_s for each layer of the busiest rank, whatever the micro-batches."""
+    from dataclasses import replace
+
+    from conftest import make_profile
+
+    layers, grad_add_s = 8, 2e-5
+    model = mlp_model(layers=layers, hidden=8, tokens=16)
+    base = make_profile(action_s=1e-4, layer_host_s=1e-4)
+    adding = replace(base, host=replace(base.host, grad_add_s=grad_add_s))
+    schedule = build(name, gpus, m)
+    saved = predict(schedule, model, base)[0].step_time_s - predict(schedule, model, adding)[0].step_time_s
+    assert saved == pytest.approx(layers / gpus * grad_add_s, rel=1e-6)

@@ -173,6 +173,28 @@ def test_whole_steps_set_the_host_level_and_the_spans_only_each_ops_share():
     assert host["split_backward_s"] == pytest.approx(42e-6 * 330 / 420, rel=1e-3)
 
 
+def test_the_host_level_is_an_adding_backwards_cost_where_each_steps_first_backward_saves_the_adds():
+    from hw.host_steps import hw_level
+
+    # every step's first backward adds no gradients: 40 us a layer less, once a step
+    rows = [{"runtime": "hw", "schedule": "gpipe", "stages": 1, "microbatches": m, "layers": k,
+             "step_s": 300e-6 + 2 * m * 90e-6 + m * k * 330e-6 - k * 40e-6} for k in (1, 2, 4, 8) for m in (4, 8, 16)]
+    told = hw_level(rows, spans_per_layer_s=420e-6, grad_add_s=40e-6)
+    assert (told.step_s, told.action_s, told.per_layer_s) == pytest.approx((300e-6, 90e-6, 330e-6), rel=1e-3)
+    assert told.fit.max_rel_residual < 1e-6
+    blind = hw_level(rows, spans_per_layer_s=420e-6)
+    assert blind.fit.max_rel_residual > 1e-3  # without the saving no such line fits them
+
+
+def test_grad_add_host_is_the_slope_of_an_adding_first_backward_over_a_fresh_one():
+    from hw.calibrate import grad_add_host
+
+    per_layer, rows = grad_add_host(torch.device("cpu"), torch.float32, rounds=2)
+    assert [r["layers"] for r in rows["rows"]] == [1, 2, 4, 8]
+    assert all(r["fresh_s"] > 0 and r["adding_s"] > 0 for r in rows["rows"])
+    assert per_layer == max(rows["per_layer_s"], 0.0)
+
+
 def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():
     samples = [{"flops": f, "forward_s": 1e-5 + f / 5e14, "backward_input_s": 1e-5 + f / 5e14,
                 "backward_s": 2e-5 + 2 * f / 5e14} for f in (1e9, 1e10, 1e11, 1e12)]

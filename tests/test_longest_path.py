@@ -24,12 +24,13 @@ CASES = [(runtime, name) for runtime in sorted(RUNTIMES) for name in RUNTIMES[ru
 
 
 def _profile(latency_s: float, p2p_s: float, action_s: float, step_s: float, gpus_per_node: int = 64):
-    """Costs everywhere (links, host, a split backward's extra host time, an all-reduce), torch's and the graphed
-    runtimes' host costs unlike hw's (the graphed ones with a gradient add), and nodes big enough that no link is
-    shared."""
+    """Costs everywhere (links, host, a split backward's extra host time, the gradient adds a stage's first backward
+    saves, an all-reduce), torch's and the graphed runtimes' host costs unlike hw's (the graphed ones with a
+    gradient add), and nodes big enough that no link is shared."""
     profile = make_profile(latency_s=latency_s, bandwidth_Bps=3e9, action_s=action_s, p2p_s=p2p_s,
                            gpus_per_node=gpus_per_node)
-    host = dataclasses.replace(profile.host, step_s=step_s, split_backward_s=action_s * 0.3, begin_s=step_s / 3)
+    host = dataclasses.replace(profile.host, step_s=step_s, split_backward_s=action_s * 0.3, begin_s=step_s / 3,
+                               grad_add_s=action_s * 0.1)
     torch = RuntimeCosts(action_s * 1.7, p2p_s * 0.6, step_s=step_s * 2)
     graphs = RuntimeCosts(action_s * 0.4, p2p_s, layer_host=0.0, gpu_scale=0.9, gpu_fixed_scale=0.8,
                           accumulate_s=3e-6, accumulate_Bps=2e11, begin_s=step_s / 2)
@@ -44,7 +45,8 @@ def _costs(draw_times: list[float], stages: int) -> list[StageCost]:
     for s in range(stages):
         f, i, w, h = (draw_times[(4 * s + k) % len(draw_times)] for k in range(4))
         out.append(StageCost(Work(f, h, 3), Work(i, h / 2, 2), Work(w, h / 3, 1), send_bytes=(s + 1) << 16,
-                             stash_bytes=1000, grad_bytes=(s + 1) * 30 << 20))  # several DDP buckets a stage
+                             stash_bytes=1000, grad_bytes=(s + 1) * 30 << 20,  # several DDP buckets a stage
+                             layers=s % 3 + 1))
     return out
 
 

@@ -109,6 +109,8 @@ def spaces(draw):
         runtimes |= {"graphs": graphs, "graphs-step": dataclasses.replace(graphs, action_s=0.0, step_s=2e-5)}
     if draw(st.booleans()):
         profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, split_backward_s=3e-6))
+    if draw(st.booleans()):  # a stage's first backward of a step adds no gradients in
+        profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, grad_add_s=1e-6))
     profile = dataclasses.replace(profile, runtimes=runtimes)
     return model, draw(st.sampled_from([1, 2, 3, 4, 4, 6, 8, 8])), profile, draw(st.integers(1, 5))
 

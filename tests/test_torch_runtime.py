@@ -339,8 +339,8 @@ def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(
     from parsim.profile import Profile, load_profile, profile_json
 
     fitted = {"torch": np.array([300e-6, 80e-6, 150e-6]), "hw": np.array([200e-6, 50e-6, hw_layer_s])}
-    monkeypatch.setattr(torch_costs, "fit_loop", lambda rows: (fitted[rows[0]["runtime"]], None))
-    monkeypatch.setattr(torch_costs, "quality", lambda params, rows: None)
+    monkeypatch.setattr(torch_costs, "fit_loop", lambda rows, grad_add_s=0.0: (fitted[rows[0]["runtime"]], None))
+    monkeypatch.setattr(torch_costs, "quality", lambda params, rows, grad_add_s=0.0: None)
     costs, _, _ = torch_costs.runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6), 12e-6, p2p_measured=True)
     assert costs.layer_host == pytest.approx(layer_host or 1.0)
     assert ("layer_host" in costs.unmeasured) == (layer_host is None)

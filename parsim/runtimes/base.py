@@ -71,7 +71,8 @@ def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
         carried = list(meta.get("carried_from_base") or [])
         meta["carried_from_base"] = carried + [f"{name}.{f}" for f in spec.unmeasured]
     host = replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s, step_s=spec.step_s, begin_s=spec.begin_s,
-                   split_backward_s=profile.host.split_backward_s * spec.layer_host)
+                   split_backward_s=profile.host.split_backward_s * spec.layer_host,
+                   grad_add_s=profile.host.grad_add_s * spec.layer_host)
     kernels = profile.kernels
     if spec.accumulate_Bps > 0:  # its gradient adds are modelled (lowering adds them to gradient actions)
         kernels = {**kernels, ACCUMULATE: KernelCost(spec.accumulate_s, spec.accumulate_Bps)}

@@ -92,12 +92,14 @@ def _allreduce_floor_s(stages_of: list[list[int]], reach: list[float], costs: li
 
 def _host_floor_s(owner: tuple[int, ...], stages_of: list[list[int]], costs: list[StageCost], m: int,
                   profile: Profile, data_parallel: int, buckets: dict[int, int]) -> float:
-    """The busiest host: a launch per compute action (a backward as one, the cheaper way), one per message it
-    sends or receives, one per gradient bucket it all-reduces, and the runtime's per-step bookkeeping."""
+    """The busiest host: a launch per compute action (a backward as one, the cheaper way; a stage's first without
+    its gradient adds), one per message it sends or receives, one per gradient bucket it all-reduces, and the
+    runtime's per-step bookkeeping."""
     host, last = profile.host, len(owner) - 1
     busiest = 0.0
     for rank, mine in enumerate(stages_of):
-        launch_s = m * sum(2 * host.action_s + costs[s].forward.host_s + costs[s].backward.host_s for s in mine)
+        launch_s = sum(m * (2 * host.action_s + costs[s].forward.host_s + costs[s].backward.host_s)
+                       - min(host.grad_add_s * costs[s].layers, costs[s].backward.host_s) for s in mine)
         messages = sum(2 * m * ((s > 0 and owner[s - 1] != rank) + (s < last and owner[s + 1] != rank))
                        for s in mine)
         reduces = sum(buckets.get(s, 1) for s in mine) if data_parallel > 1 else 0

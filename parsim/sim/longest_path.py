@@ -155,10 +155,11 @@ def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
                    last_grad: dict[int, Action], buckets: dict[int, int],
                    add_s: list[float] | None = None) -> dict[str, list[tuple]]:
-    """op -> per stage: (gpu_s, tail_s, host_s, first_s, its row, the GRAD row it also fills or None, the rows it
-    waits for, the micro-batch whose action is split into gradient-bucket chunks or -1, the chunk count, and
-    the gradient add's seconds where the op makes gradients and the runtime adds them (else None): lowering
-    adds it to every such action of the stage after its first)."""
+    """op -> per stage: (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, its row, the GRAD row it also
+    fills or None, the rows it waits for, the micro-batch whose action is split into gradient-bucket chunks or -1,
+    the chunk count, and where the op makes gradients the gradient add's seconds (0 where the runtime adds none),
+    else None: as lowering has it, every such action of the stage after its first adds its gradients on the GPU,
+    and the first pays the fresh host costs)."""
     table = {}
     for op in COMPUTE_OPS:
         table[op] = []
@@ -166,7 +167,7 @@ def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...
             split = last_grad.get(s)
             split_mb = split.microbatch if split is not None and split.op == op else -1
             grad_row = end[GRAD][s] if op in (Op.BACKWARD, Op.BACKWARD_INPUT) else None
-            add = add_s[s] if add_s is not None and op in GRADIENT_OPS else None
+            add = (add_s[s] if add_s is not None else 0.0) if op in GRADIENT_OPS else None
             table[op].append((*launches[op][s], end[op][s], grad_row, tuple(end[k][t] for k, t in rules[op][s]),
                               split_mb, buckets.get(s, 1), add))
     return table
@@ -204,16 +205,19 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dic
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
     t, free, busy = host.t, 0.0, 0.0  # the host starts after its runtime's bookkeeping (begin_s)
     get_compute = compute.get
-    graded: set[int] = set()  # stages whose first gradient action has run (with a gradient add modelled)
+    graded: set[int] = set()  # stages whose first gradient action has run
     for a in acts:
         kind, s, i = a
         c = get_compute(kind)
         if c is not None:
-            gpu_s, tail_s, host_s, first_s, row, grad_row, dep_rows, split_mb, n, add = c[s]
+            (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, row, grad_row, dep_rows, split_mb, n,
+             add) = c[s]
             if add is not None:  # as lowering has it: the stage's later gradient actions add into its gradients
                 if s in graded:
                     gpu_s += add
-                graded.add(s)
+                else:
+                    host_s, first_s = fresh_host_s, fresh_first_s
+                    graded.add(s)
             ready = free
             for dep in dep_rows:
                 e = dep[i]

@@ -125,7 +125,7 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
             kind, stage, mb = a  # unpacked, not read by name: this loop runs once per action
             if kind not in COMPUTE_OPS:
                 continue
-            gpu_s, tail_s, _, _ = launches[kind][stage]
+            gpu_s, tail_s, *_ = launches[kind][stage]
             if add_s is not None and kind in GRADIENT_OPS:
                 if stage in graded:
                     gpu_s += add_s[stage]
@@ -177,6 +177,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
+        graded: set[int] = set()  # stages whose first gradient action is launched (.grad no longer None)
         for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
             if more is not None and a in more:
                 deps = deps + more[a]
@@ -192,7 +193,10 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
             if kind not in COMPUTE_OPS:
                 append(new_tuple(Launch, (op, p2p_s, p2p_s)))
                 continue
-            _, _, host_s, first_s = launches[kind][stage]
+            _, _, host_s, first_s, fresh_host_s, fresh_first_s = launches[kind][stage]
+            if fresh_host_s != host_s and stage not in graded:  # only gradient actions differ so
+                graded.add(stage)
+                host_s, first_s = fresh_host_s, fresh_first_s
             if parts is None:
                 append(new_tuple(Launch, (op, host_s, first_s)))
                 continue
@@ -233,8 +237,11 @@ def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> 
 
 
 def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, list[tuple[float, ...]]]:
-    """op -> per stage (gpu_s, tail_s, host_s, first_s): the host launches a stage's layers one by one."""
+    """op -> per stage (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s): the host launches a stage's
+    layers one by one; a stage's first gradient action of a step pays the fresh pair instead (.grad is None then:
+    autograd takes the gradients as they are, where each later action adds them in, host.grad_add_s per layer)."""
     table: dict[str, list[tuple[float, ...]]] = {}
+    action_s = profile.host.action_s
     for op in (ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT):
         table[op] = []
         for stage, cost in enumerate(costs):
@@ -242,8 +249,9 @@ def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, lis
             chunks = max(work.chunks, 1)
             host_s = work.host_s + (profile.host.split_backward_s * work.chunks
                                     if op == ActionOp.BACKWARD_WEIGHT else 0.0)
-            table[op].append((work.gpu_s, work.gpu_s / chunks, profile.host.action_s + host_s,
-                              profile.host.action_s + host_s / chunks))
+            fresh_s = host_s - min(profile.host.grad_add_s * cost.layers, host_s) if op in GRADIENT_OPS else host_s
+            table[op].append((work.gpu_s, work.gpu_s / chunks, action_s + host_s, action_s + host_s / chunks,
+                              action_s + fresh_s, action_s + fresh_s / chunks))
     return table
 
 
