@@ -37,12 +37,12 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
         spans = {k: v / doc["samples"]["host_level"]["span_scale"] for k, v in spans.items()}
     level = hw_level(rows, spans["forward_s"] + spans["backward_s"], grad_add_s)
     host = leveled(spans, level)
-    costs = LayerCosts(*(dataclasses.replace(op, host_s=s) for op, s in (
-        (mlp.forward, host["forward_s"]), (mlp.backward_input, host["backward_input_s"]),
-        (mlp.backward_weight, host["backward_s"] - host["backward_input_s"]))))
-    layers = {k: (dataclasses.replace(v, forward=costs.forward, backward_input=costs.backward_input,
-                                      backward_weight=costs.backward_weight) if k.split("@")[0] == "mlp" else v)
-              for k, v in profile.layers.items()}
+    def leveled_layer(c: LayerCosts) -> LayerCosts:  # its own GPU costs, the level's host costs
+        return LayerCosts(*(dataclasses.replace(op, host_s=s) for op, s in (
+            (c.forward, host["forward_s"]), (c.backward_input, host["backward_input_s"]),
+            (c.backward_weight, host["backward_s"] - host["backward_input_s"]))))
+
+    layers = {k: leveled_layer(v) if k.split("@")[0] == "mlp" else v for k, v in profile.layers.items()}
     new_host = dataclasses.replace(profile.host, action_s=level.action_s, step_s=level.step_s,
                                    split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s)
     meta = {**profile.meta, "host_level": {"by": f"scripts/relevel_host.py from {samples_path}",

@@ -97,3 +97,21 @@ def test_resident_probe_chunk_runs_a_forward_and_backward_on_the_cpu():
     chunk.x, chunk.dy = chunk.x.float().detach().requires_grad_(), chunk.dy.float()
     chunk()
     assert all(p.grad is not None for p in chunk.net.parameters())
+
+
+def test_relevel_host_keeps_each_widths_gpu_costs_and_with_the_calibrations_grad_add_gives_its_host_costs(tmp_path):
+    from parsim.profile import load_profile
+
+    relevel = _script("relevel_host")
+    calibration = Path(__file__).parent.parent / "data/validation/h200-2026-11-25-gradadd/call2/profile.json"
+    own = load_profile(calibration)
+    for grad_add_s, name in ((None, "same.json"), (0.0, "none.json")):
+        relevel.relevel(calibration, tmp_path / name, calibration.with_name("profile.samples.json"), grad_add_s)
+    same, none = load_profile(tmp_path / "same.json"), load_profile(tmp_path / "none.json")
+    assert same.host.grad_add_s == own.host.grad_add_s > 0 and none.host.grad_add_s == 0
+    assert same.host.step_s == pytest.approx(own.host.step_s, rel=1e-9)
+    for key, costs in own.layers.items():
+        for op in ("forward", "backward_input", "backward_weight"):
+            ours, theirs, plain = getattr(costs, op), getattr(same.layers[key], op), getattr(none.layers[key], op)
+            assert theirs.gpu_s(1e12) == plain.gpu_s(1e12) == ours.gpu_s(1e12)
+            assert theirs.host_s == pytest.approx(ours.host_s, rel=1e-9)
