@@ -194,7 +194,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
                 append(new_tuple(Launch, (op, p2p_s, p2p_s)))
                 continue
             _, _, host_s, first_s, fresh_host_s, fresh_first_s = launches[kind][stage]
-            if fresh_host_s != host_s and stage not in graded:  # only gradient actions differ so
+            if kind in GRADIENT_OPS and stage not in graded:
                 graded.add(stage)
                 host_s, first_s = fresh_host_s, fresh_first_s
             if parts is None:
