@@ -4,8 +4,8 @@ timed, the spans giving each op's share of a layer. For profiles calibrated befo
 hold those steps (taken with `--runtimes torch`: samples.runtimes.torch.probes). The profile is rewritten atomically;
 its meta gains the level. MLP layers are leveled; other kinds keep their spans' costs (as calibrate does).
 GRAD_ADD_S (default: the profile's host.grad_add_s) is what each stage's first backward of a step saves per layer
-(hw.calibrate.grad_add_host): the fits take it off, and the profile carries it; 0 levels them as calibrate did before
-2026-11-25. The torch runtime's costs are refitted too where the samples hold its steps.
+(hw.calibrate.grad_add_host): the fits take it off, and the profile carries it (listed as carried_from_base where it
+is not the calibration's own); 0 levels them as calibrate did before 2026-11-25. The torch runtime's costs are refitted too where the samples hold its steps.
 
 usage: python scripts/relevel_host.py PROFILE OUT [SAMPLES [GRAD_ADD_S]]   (SAMPLES: PROFILE's stem + .samples.json)
 """
@@ -28,7 +28,8 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
     doc = json.loads(samples_path.read_text())
     rows = doc["samples"].get("host_steps") or doc["samples"]["runtimes"]["torch"]["probes"]
     profile = load_profile(profile_path)
-    grad_add_s = profile.host.grad_add_s if grad_add_s is None else grad_add_s
+    given = grad_add_s is not None and grad_add_s != profile.host.grad_add_s  # not this calibration's own
+    grad_add_s = grad_add_s if given else profile.host.grad_add_s
     mlp = profile.layers["mlp"]
     spans = {"forward_s": mlp.forward.host_s, "backward_input_s": mlp.backward_input.host_s,
              "backward_s": mlp.backward_input.host_s + mlp.backward_weight.host_s,
@@ -46,7 +47,9 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
     new_host = dataclasses.replace(profile.host, action_s=level.action_s, step_s=level.step_s,
                                    split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s)
     meta = {**profile.meta, "host_level": {"by": f"scripts/relevel_host.py from {samples_path}",
-                                           **dataclasses.asdict(level)}}
+                                           **dataclasses.asdict(level), "grad_add_s": grad_add_s}}
+    if given and grad_add_s:
+        meta["carried_from_base"] = list(meta.get("carried_from_base") or []) + ["host.grad_add_s"]
     runtimes = dict(profile.runtimes)
     if "torch" in runtimes and any(r["runtime"] == "torch" for r in rows):
         torch_costs, _, _ = runtime_costs(rows, runtimes["torch"].p2p_s, "p2p_s" not in runtimes["torch"].unmeasured,
