@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -31,6 +32,13 @@ def test_save_then_load_round_trips(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temporary left behind
 
 
+def test_a_host_gradient_add_round_trips_and_a_profile_without_one_writes_none():
+    profile = make_profile(latency_s=2e-5, bandwidth_Bps=3e11, action_s=1e-5)
+    adding = dataclasses.replace(profile, host=dataclasses.replace(profile.host, grad_add_s=4e-5))
+    assert from_json(json.loads(json.dumps(adding.to_json()))).host.grad_add_s == 4e-5
+    assert "grad_add_s" not in profile.to_json()["host"]  # older profiles' files stay as they were
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d.update(version=VERSION + 1), "schema version"),
     (lambda d: d.pop("version"), "schema version None"),
@@ -40,6 +48,7 @@ def test_save_then_load_round_trips(tmp_path):
      r"nvlink.bandwidth_Bps must be a finite number from 0.001 to 1e\+40, got -1"),
     (lambda d: d["links"]["nvlink"].update(bandwidth_Bps=0), r"bandwidth_Bps must be a finite number from"),
     (lambda d: d["host"].update(p2p_s="fast"), r"host.p2p_s must be 0 or a finite number"),
+    (lambda d: d["host"].update(grad_add_s=-4e-5), r"host.grad_add_s must be 0 or a finite number .* got -4e-05"),
     (lambda d: d["layers"]["mlp"]["forward"].update(fixed_s=float("nan")), r"forward.fixed_s must be"),
     (lambda d: d["layers"]["mlp"].pop("backward_weight"), r"backward_weight is missing"),
     (lambda d: d.update(layers={}), r"layers is empty"),
