@@ -77,6 +77,17 @@ class Lowered:
     grad_chunks: dict[int, list[Op]]  # stage -> chunks of its last gradient-producing action
 
 
+def first_gradient_actions(schedule: Schedule) -> frozenset[Action]:
+    """Per stage, the action that makes its first weight gradients of the step (its first B or W): .grad is None
+    until then, so it adds nothing in (no gradient add on the GPU, host.grad_add_s less on the host)."""
+    first: dict[int, Action] = {}
+    for acts in schedule.actions:
+        for a in acts:
+            if a.op in GRADIENT_OPS:
+                first.setdefault(a.stage, a)
+    return frozenset(first.values())
+
+
 def last_gradient_actions(schedule: Schedule) -> dict[int, Action]:
     """Per stage, the action after which its weight gradients are complete (its last B or W)."""
     last = {}
@@ -101,23 +112,23 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     launches = _compute_launches(costs, profile)
     ops = op_table(schedule)
     add_s = gradient_adds(profile, costs)
-    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, add_s, slower)
+    firsts = first_gradient_actions(schedule)
+    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
-    _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of)
+    _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts)
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
 def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
-                 gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable,
+                 gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable, firsts: frozenset[Action],
                  add_s: list[float] | None = None, slower: Mapping[Action, float] | None = None,
                  ) -> dict[Action, list[Op]]:
     """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
     return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
-    each gradient action after its stage's first also adds its gradients into the step's."""
+    each gradient action but its stage's first (`firsts`) also adds its gradients into the step's."""
     parts_of: dict[Action, list[Op]] = {}
     split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     env = machine.env
-    graded: set[int] = set()  # stages whose first gradient action is placed
     for rank, acts in enumerate(schedule.actions):
         track = compute_track(gpu_offset + rank)
         stream = machine.stream(track).ops
@@ -126,10 +137,8 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
             if kind not in COMPUTE_OPS:
                 continue
             gpu_s, tail_s, *_ = launches[kind][stage]
-            if add_s is not None and kind in GRADIENT_OPS:
-                if stage in graded:
-                    gpu_s += add_s[stage]
-                graded.add(stage)
+            if add_s is not None and kind in GRADIENT_OPS and a not in firsts:
+                gpu_s += add_s[stage]
             if slower:
                 gpu_s += slower.get(a, 0.0)
             if not split or a not in split:
@@ -169,15 +178,14 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
 
 def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    p2p_s: float, copy_streams: bool, gpu_offset: int, ops: OpTable,
-                   parts_of: dict[Action, list[Op]]) -> None:
-    """Each rank's host program (a launch per op, in program order), and each op's dependencies:
-    what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
+                   parts_of: dict[Action, list[Op]], firsts: frozenset[Action]) -> None:
+    """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs), and each
+    op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
-        graded: set[int] = set()  # stages whose first gradient action is launched (.grad no longer None)
         for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
             if more is not None and a in more:
                 deps = deps + more[a]
@@ -194,8 +202,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
                 append(new_tuple(Launch, (op, p2p_s, p2p_s)))
                 continue
             _, _, host_s, first_s, fresh_host_s, fresh_first_s = launches[kind][stage]
-            if kind in GRADIENT_OPS and stage not in graded:
-                graded.add(stage)
+            if kind in GRADIENT_OPS and a in firsts:
                 host_s, first_s = fresh_host_s, fresh_first_s
             if parts is None:
                 append(new_tuple(Launch, (op, host_s, first_s)))
