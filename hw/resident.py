@@ -110,7 +110,8 @@ def main() -> None:
     import sys
     import time
     from dataclasses import asdict
-    from pathlib import Path
+
+    from parsim.files import write_atomic
 
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
     device = torch.device("cuda", 0)
@@ -118,7 +119,7 @@ def main() -> None:
     doc = {"command": "python -m hw.resident " + " ".join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name(device), "resident_comm": asdict(section), "samples": raw}
-    Path(sys.argv[1]).write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(sys.argv[1], json.dumps(doc, indent=1) + "\n")
     for row in raw["rows"]:
         print(f"{row['ctas']} CTAs, spin {row['spin_over_chunk']}x: {row['ratio']:.3f}x alone, rate {row['rate']:.3f}")
     print(f"rate {section.rate:.3f} ({section.source})")

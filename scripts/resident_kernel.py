@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
 from hw.resident import Chunk, spin_kernel, timed  # noqa: E402
+from parsim.files import write_atomic  # noqa: E402
 
 SHAPES = ((2048, 2048, 4), (2048, 1024, 4), (4096, 4096, 2))  # hidden, tokens, blocks: the 2-GPU reference's
 # chunk at 4 and 8 micro-batches (16 blocks over 4 stages of 8192 tokens), and a wider one
@@ -96,7 +97,7 @@ def main() -> None:
                      "chunk_s": t, "alone_s": base, "ratio": t / base, "samples_s": times[f"{shape}:{k}:{span}"]})
         print(f"h={shape[0]} tokens={shape[1]} blocks={shape[2]} k={k:2} spin {span:.1f}x: "
               f"{t * 1e3:7.3f} ms, {t / base:5.3f}x alone", flush=True)
-    out.write_text(json.dumps({
+    write_atomic(out, json.dumps({
         "command": "python scripts/resident_kernel.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(device),

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw and parsim, run from anywhere
 from hw.resident import CHUNK, Chunk, spin_kernel, timed  # noqa: E402
+from parsim.files import write_atomic  # noqa: E402
 from parsim.sim.sharing import rate_beside, stretch  # noqa: E402
 
 SPANS = (0.25, 0.5, 1.0, 1.5)
@@ -53,7 +54,7 @@ def main() -> None:
         print(f"spin {r['spin_over_chunk']:.2f}x after A: B took {r['measured']:.3f}x alone, "
               f"modelled {r['modelled']:.3f}x ({r['modelled'] / r['measured'] - 1:+.1%})", flush=True)
     print(f"rate from the probe in the same rounds: {rate:.3f}")
-    out.write_text(json.dumps({
+    write_atomic(out, json.dumps({
         "command": "python scripts/resident_order.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(device), "chunk": CHUNK, "ctas": CTAS, "rate": rate,
