@@ -33,6 +33,7 @@ from parsim.sim.dataflow import iter_wait_keys  # noqa: E402
 from parsim.sim.lower import compute_track, finish_step, lower, runtime_waits  # noqa: E402
 from parsim.sim.machine import Launch, Machine, Sync  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
+from parsim.sim.sharing import RECEIVES  # noqa: E402
 from parsim.workload import stage_costs  # noqa: E402
 from parsim.workload.models import model_from_spec  # noqa: E402
 
@@ -45,7 +46,6 @@ def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> floa
 
 
 SENDS = frozenset(PAIRED_RECV)
-RECEIVES = frozenset(recv for recv, _ in PAIRED_RECV.values())
 
 
 def comm_beside_compute(schedule, sim, kinds: frozenset[str]) -> list[float]:
