@@ -115,3 +115,23 @@ def test_relevel_host_keeps_each_widths_gpu_costs_and_with_the_calibrations_grad
             ours, theirs, plain = getattr(costs, op), getattr(same.layers[key], op), getattr(none.layers[key], op)
             assert theirs.gpu_s(1e12) == plain.gpu_s(1e12) == ours.gpu_s(1e12)
             assert theirs.host_s == pytest.approx(ours.host_s, rel=1e-9)
+
+
+def test_gil_trial_simulation_paces_one_thread_at_its_launch_and_hands_every_release_over():
+    trial = _script("gil_trial")
+    segs = [(5e-6, 1e-6), (2e-6, 0.5e-6)]  # two releases a launch: held, then GIL-free
+    alone, wakes = trial.simulate(1, segs, lambda idle, sleepers: 3e-6)
+    assert alone == pytest.approx(8.5e-6) and wakes == []
+    both, wakes = trial.simulate(3, segs, lambda idle, sleepers: 3e-6)  # every release a hand-off: held + wake-ups
+    assert both == pytest.approx(5e-6 + 2e-6 + 2 * 3e-6, rel=0.01)  # launches end unevenly within a round
+    assert {w[3] for w in wakes} == {0, 1}  # woken by the dispatch's release and by the free's
+
+
+def test_gil_trial_splits_a_launch_into_its_releases_keeping_its_held_and_free_time():
+    trial = _script("gil_trial")
+    for releases in (1, 2, 4):
+        segs = trial.segments(8e-6, 1.2e-6, 0.5, releases, hold=3e-6)
+        assert len(segs) == releases
+        assert sum(h for h, _ in segs) == pytest.approx(8e-6 + 3e-6)  # the hold is held too, before the dispatch
+        assert sum(f for _, f in segs) == pytest.approx(1.2e-6)
+        assert segs[0][0] >= 3e-6 and all(f > 0 for _, f in segs)
