@@ -6,7 +6,9 @@ that called it, counted by an LD_PRELOAD library (scripts/lockcount.c, built her
 The experiment at 3-8 threads allocating its results sleeps ~7 times a launch, at most ~1.4 times not allocating
 (data/interfaces/h200-2026-11-25-release-probes); a model of CPython's GIL alone (its mutex and condition
 variable) gives at most ~3 (docs/model.md, the interfaces' known gap). The counts say whose locks the other sleeps
-are in: the interpreter's (the GIL), torch's (the CUDA caching allocator's mutex), the CUDA driver's. A lock or
+are in: the interpreter's (the GIL), torch's (the CUDA caching allocator's mutex), the CUDA driver's; and each
+wait on the GIL's condition variable by its origin, the first function up the stack outside libc and the
+interpreter, and the frame above it (which torch binding's release it waited after). A lock or
 wait is counted slow when it took 1.5 us or more (the thread slept; an uncontended one takes ~50 ns). The
 experiment's loops of scripts/gil_release_probes.py, allocating and not, at 1, 2, 3, 4, 6, 8 threads, in turns.
 """
@@ -14,6 +16,7 @@ experiment's loops of scripts/gil_release_probes.py, allocating and not, at 1, 2
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -42,10 +45,23 @@ def counted(lib: ctypes.CDLL) -> list[dict]:
     n = lib.lockcount_dump(buf, len(buf))
     rows = []
     for line in buf.value[:max(n, 0)].decode().splitlines():
-        kind, library, symbol, calls, slow, slow_ns = line.split("\t")
-        rows.append({"kind": kind, "library": library, "symbol": symbol, "calls": int(calls), "slow": int(slow),
-                     "slow_ns": int(slow_ns)})
+        kind, path, symbol, calls, slow, slow_ns = line.split("\t")
+        if kind.startswith("cond-") and symbol.startswith("?+"):  # a hidden symbol: its name from the symbol table
+            symbol = function_at(path, symbol[2:])
+        rows.append({"kind": kind, "library": Path(path).name, "symbol": symbol, "calls": int(calls),
+                     "slow": int(slow), "slow_ns": int(slow_ns)})
     return rows
+
+
+@functools.cache
+def function_at(path: str, offset: str) -> str:
+    """The function at `offset` into the library at `path` (addr2line, demangled), else the offset."""
+    try:
+        out = subprocess.run(["addr2line", "-f", "-C", "-e", path, offset], capture_output=True, text=True,
+                             timeout=30).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return offset
+    return out if out and out != "??" else offset
 
 
 def main() -> None:
@@ -80,8 +96,9 @@ def main() -> None:
         launches = sum(r["launches"] for r in rs)
         by = defaultdict(lambda: [0, 0, 0])
         for r in rs:
-            for row in r["locks"]:
-                b = by[(row["kind"], row["library"])]
+            for row in r["locks"]:  # by library; a wait's origin by its function too
+                where = row["library"] + (":" + row["symbol"] if row["kind"].startswith("cond-") else "")
+                b = by[(row["kind"], where)]
                 b[0] += row["calls"]
                 b[1] += row["slow"]
                 b[2] += row["slow_ns"]
@@ -93,7 +110,7 @@ def main() -> None:
         print(f"{key:14} {summary[key]['per_launch_s'] * 1e6:6.2f} us a launch, {sleeps:4.2f} sleeps a launch")
         for name, v in sorted(per.items(), key=lambda kv: -kv[1]["slow"]):
             if v["slow"] >= 0.01 or v["calls"] >= 0.5:
-                print(f"    {name:40} {v['calls']:6.2f} calls, {v['slow']:5.2f} slow, {v['slow_us']:6.2f} us slow "
+                print(f"    {name[:70]:70} {v['calls']:6.2f} calls, {v['slow']:5.2f} slow, {v['slow_us']:6.2f} us slow "
                       "a launch")
     out.write_text(json.dumps({"command": "python scripts/gil_locks.py " + " ".join(sys.argv[1:]),
                                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,9 +1,13 @@
 /* An LD_PRELOAD library that counts, per calling site, the pthread mutex locks and condition waits that took
- * longer than SLOW_NS (the thread slept: a futex wait), and every sched_yield, for scripts/gil_locks.py.
+ * longer than SLOW_NS (the thread slept: a futex wait), and every sched_yield, for scripts/gil_locks.py. A slow
+ * condition wait is also counted under its origin: the first caller up its stack outside libc and the
+ * interpreter (e.g. the torch binding whose GIL release it waited after), kind "cond-origin", and under the
+ * frame above that one, kind "cond-caller".
  * Each thread keeps its own table (no counting contention); lockcount_dump() sums them, resolving each site to
  * its library and symbol with dladdr; lockcount_reset() zeroes them. Build: see scripts/gil_locks.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -14,8 +18,8 @@
 #define THREADS 512
 #define SLOW_NS 1500
 
-enum { MUTEX, COND, YIELD, KINDS };
-static const char *kind_name[KINDS] = {"mutex", "cond", "yield"};
+enum { MUTEX, COND, YIELD, ORIGIN, CALLER, KINDS };
+static const char *kind_name[KINDS] = {"mutex", "cond", "yield", "cond-origin", "cond-caller"};
 
 typedef struct { void *site; int kind; long calls, slow, slow_ns; } slot_t;
 typedef struct { slot_t s[SLOTS]; } table_t;
@@ -61,11 +65,40 @@ int pthread_mutex_lock(pthread_mutex_t *m) {
     return r;
 }
 
+static int outside(void *pc) {  /* a frame outside libc, the interpreter and this library */
+    Dl_info info;
+    if (!dladdr(pc, &info) || !info.dli_fname) return 0;
+    const char *name = strrchr(info.dli_fname, '/');
+    name = name ? name + 1 : info.dli_fname;
+    return strncmp(name, "libc.so", 7) && strncmp(name, "libpython", 9) && strncmp(name, "python", 6) &&
+           strncmp(name, "liblockcount", 12);
+}
+
+static void note_origin(long ns) {
+    if (ns < SLOW_NS) return;
+    void *frames[12];
+    int n = backtrace(frames, 12);
+    for (int i = 1; i < n; i++)
+        if (outside(frames[i])) {  /* and the frame above it: the origin is often a GIL guard's destructor */
+            note(frames[i], ORIGIN, ns);
+            if (i + 1 < n) note(frames[i + 1], CALLER, ns);
+            return;
+        }
+    note((void *)1, ORIGIN, ns);  /* the interpreter's own (no extension frame): a sentinel site */
+}
+
+__attribute__((constructor)) static void warm(void) {  /* backtrace's first call loads libgcc: not in a wait */
+    void *frames[2];
+    backtrace(frames, 2);
+}
+
 int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m) {
     if (!real_wait) real_wait = dlvsym(RTLD_NEXT, "pthread_cond_wait", "GLIBC_2.3.2");
     long t0 = now_ns();
     int r = real_wait(c, m);
-    note(__builtin_return_address(0), COND, now_ns() - t0);
+    long ns = now_ns() - t0;
+    note(__builtin_return_address(0), COND, ns);
+    note_origin(ns);
     return r;
 }
 
@@ -73,7 +106,9 @@ int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct t
     if (!real_timedwait) real_timedwait = dlvsym(RTLD_NEXT, "pthread_cond_timedwait", "GLIBC_2.3.2");
     long t0 = now_ns();
     int r = real_timedwait(c, m, t);
-    note(__builtin_return_address(0), COND, now_ns() - t0);
+    long ns = now_ns() - t0;
+    note(__builtin_return_address(0), COND, ns);
+    note_origin(ns);
     return r;
 }
 
@@ -99,12 +134,14 @@ int lockcount_dump(char *buf, int len) {
             if (!s->site || !s->calls) continue;
             Dl_info info;
             const char *lib = "?", *sym = "?";
+            unsigned long offset = 0;
             if (dladdr(s->site, &info)) {
-                if (info.dli_fname) { lib = strrchr(info.dli_fname, '/'); lib = lib ? lib + 1 : info.dli_fname; }
+                if (info.dli_fname) lib = info.dli_fname;
                 if (info.dli_sname) sym = info.dli_sname;
+                offset = (unsigned long)s->site - (unsigned long)(info.dli_sname ? info.dli_saddr : info.dli_fbase);
             }
-            int w = snprintf(buf + at, len - at, "%s\t%s\t%s\t%ld\t%ld\t%ld\n", kind_name[s->kind], lib, sym,
-                             s->calls, s->slow, s->slow_ns);
+            int w = snprintf(buf + at, len - at, "%s\t%s\t%s+0x%lx\t%ld\t%ld\t%ld\n", kind_name[s->kind], lib,
+                             sym, offset, s->calls, s->slow, s->slow_ns);
             if (w < 0 || w >= len - at) return -1;
             at += w;
         }
