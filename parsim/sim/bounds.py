@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from parsim.profile import Profile
 from parsim.sim.dataparallel import allreduce_spec
-from parsim.sim.lower import link_for
+from parsim.sim.lower import grad_add_saving_s, link_for
 from parsim.workload import StageCost, gradient_adds
 
 SLACK = 1 - 1e-9  # the floor's sums run in another order than the simulation's; rounding may differ by ulps
@@ -99,7 +99,7 @@ def _host_floor_s(owner: tuple[int, ...], stages_of: list[list[int]], costs: lis
     busiest = 0.0
     for rank, mine in enumerate(stages_of):
         launch_s = sum(m * (2 * host.action_s + costs[s].forward.host_s + costs[s].backward.host_s)
-                       - min(host.grad_add_s * costs[s].layers, costs[s].backward.host_s) for s in mine)
+                       - grad_add_saving_s(profile, costs[s].layers, costs[s].backward.host_s) for s in mine)
         messages = sum(2 * m * ((s > 0 and owner[s - 1] != rank) + (s < last and owner[s + 1] != rank))
                        for s in mine)
         reduces = sum(buckets.get(s, 1) for s in mine) if data_parallel > 1 else 0

@@ -243,6 +243,12 @@ def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> 
         host.steps.append(Sync(tuple(last.values())))
 
 
+def grad_add_saving_s(profile: Profile, layers: int, host_s: float) -> float:
+    """What a stage's first gradient action of a step does not pay on the host (it adds nothing into .grad):
+    host.grad_add_s per layer, at most the action's own host cost."""
+    return min(profile.host.grad_add_s * layers, host_s)
+
+
 def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, list[tuple[float, ...]]]:
     """op -> per stage (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s): the host launches a stage's
     layers one by one; a stage's first gradient action of a step pays the fresh pair instead (.grad is None then:
@@ -256,7 +262,7 @@ def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, lis
             chunks = max(work.chunks, 1)
             host_s = work.host_s + (profile.host.split_backward_s * work.chunks
                                     if op == ActionOp.BACKWARD_WEIGHT else 0.0)
-            fresh_s = host_s - min(profile.host.grad_add_s * cost.layers, host_s) if op in GRADIENT_OPS else host_s
+            fresh_s = host_s - grad_add_saving_s(profile, cost.layers, host_s) if op in GRADIENT_OPS else host_s
             table[op].append((work.gpu_s, work.gpu_s / chunks, action_s + host_s, action_s + host_s / chunks,
                               action_s + fresh_s, action_s + fresh_s / chunks))
     return table
