@@ -12,6 +12,7 @@ counts take turns in shuffled order within each round (the lent hosts drift).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -61,10 +62,7 @@ def threads_loop(device: torch.device, threads: int, memory: str) -> dict:
         stream = streams[i]
         for r in range(REPEATS):
             go.wait()
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    alloc_loop(xs[i], LAUNCHES) if memory == "alloc" else out_loop(xs[i], zs[i], LAUNCHES)
-            else:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 alloc_loop(xs[i], LAUNCHES) if memory == "alloc" else out_loop(xs[i], zs[i], LAUNCHES)
             ends[i][r] = clock()
             if stream is not None:
