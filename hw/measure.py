@@ -199,7 +199,10 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
     at least: a GPU that a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the
     turn's previous job (an H200 at 1630 against 1980 MHz, reached ~0.1 s into the load;
     data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to back in training, whatever came
-    before it in the turn.
+    before it in the turn. There a sample is a block of steps lasting BLOCK_S at least, each step timed between
+    syncs, the sample their mean: a host-bound step of a few ms varies by up to +-30% from one step to the next
+    on the lent hosts, and a sample taken once per round is dear (the lead). Each sample's steps are kept
+    (`blocks`).
 
     The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
     that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
@@ -221,25 +224,28 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
         for _ in range(stepper.job.config.warmup):
             stepper()
             stepped()
-    times: list[list[float]] = [[] for _ in steppers]
+    blocks: list[list[list[float]]] = [[] for _ in steppers]
     peaks = [0] * len(steppers)
     observe = _killer(rank)
     lead = len(steppers) > 1 and device.type == "cuda"
-    leads = [_lead_steps(stepper, settle, team, device) if lead else 0 for stepper in steppers]
+    paces = [_pace(stepper, settle, team, device) if lead else Pace(0, 1) for stepper in steppers]
     for _ in range(max(job.config.steps for job in jobs)):
         for k, stepper in enumerate(steppers):
-            if len(times[k]) == stepper.job.config.steps:
+            if len(blocks[k]) == stepper.job.config.steps:
                 continue
             with pinned(stepper):
-                for _ in range(leads[k]):
+                for _ in range(paces[k].lead):
                     stepper()
                 _reset_peak(device)
                 settle()
                 others = _others_bytes(device, stepper)
-                t0 = time.perf_counter()
-                stepper(observe)
-                settle()
-                times[k].append(time.perf_counter() - t0)
+                block = []
+                for _ in range(paces[k].block):
+                    t0 = time.perf_counter()
+                    stepper(observe)
+                    settle()
+                    block.append(time.perf_counter() - t0)
+                blocks[k].append(block)
             peaks[k] = max(peaks[k], own_peak(_peak(device), others))
             stepped()
     out = []
@@ -257,26 +263,37 @@ def _time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
             _profile_one_step(stepper, device, trace_path(config.trace, rank), config.trace_token)
             stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
-        out.append({"times": times[k], "per_op": per_op, "timeline": timer.timeline(),
+        out.append({"times": [statistics.mean(b) for b in blocks[k]], "blocks": blocks[k], "per_op": per_op,
+                    "timeline": timer.timeline(),
                     "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
                     "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
     return out
 
 
-LEAD_S = 0.15  # untimed steps of a job before each of its timed steps in a turn: long enough to reach its power state
+LEAD_S = 0.15  # untimed steps of a job before each of its timed samples in a turn: long enough to reach its power state
+BLOCK_S = 0.05  # a timed sample in a turn: the mean of its steps lasting this long at least (one step at least)
 
 
-def _lead_steps(stepper: _Stepper, settle: Callable[[], None], team, device: torch.device) -> int:
-    """How many untimed steps of the job make LEAD_S (one at least), from one step timed now; the same on every
-    rank of the team (the most any rank asks for), so that their steps stay matched."""
+@dataclass(frozen=True)
+class Pace:
+    """How a job is timed in a turn: `lead` untimed steps before each sample, a sample the mean of `block` steps."""
+
+    lead: int
+    block: int
+
+
+def _pace(stepper: _Stepper, settle: Callable[[], None], team, device: torch.device) -> Pace:
+    """The steps that make LEAD_S and BLOCK_S (one at least), from one step timed now; the same on every rank of
+    the team (the most any rank asks for), so that their steps stay matched."""
     settle()
     t0 = time.perf_counter()
     stepper()
     settle()
-    steps = torch.tensor([max(1, math.ceil(LEAD_S / (time.perf_counter() - t0)))], device=device)
+    step_s = time.perf_counter() - t0
+    steps = torch.tensor([max(1, math.ceil(s / step_s)) for s in (LEAD_S, BLOCK_S)], device=device)
     if team is not None:
         dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=team)
-    return int(steps.item())
+    return Pace(*map(int, steps.tolist()))
 
 
 def _others_bytes(device: torch.device, stepper: _Stepper) -> int:
@@ -412,6 +429,7 @@ def report(job: Job, results: list[dict | None], baseline: dict, device: str) ->
                           "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
+        "step_blocks_s": results[0]["blocks"],  # each timed sample's steps (rank 0's): a sample is their mean
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
         "timeline": [{"rank": rank, "actions": results[rank]["timeline"]}
                      for rank in sorted(set(schedule.stage_to_rank))],

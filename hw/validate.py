@@ -151,6 +151,13 @@ def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
+def _samples(row: dict, measured: dict, probe: dict) -> dict:
+    """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
+    probe, so that other estimators than the median of sample means can be redone offline."""
+    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams")
+    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe["blocks"]}
+
+
 def _check_cpu_grid(model: Model, turns: list, args: argparse.Namespace) -> None:
     """Refuse a model's grid on the CPU that cannot finish in time (parsim.budget.check_cpu_run): its points, the
     host probe beside each and the one-device baseline, in one process group."""
@@ -247,7 +254,7 @@ def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], r
     transformers = [model_spec(m) for m in models if m.transformer is not None]
     profile, profile_path = _profile(args, out, given, any(m.layers[0].kind in ("conv", "down") for m in models),
                                      transformers, runtimes)
-    csv_path, rows = out / "results.csv", []
+    csv_path, rows, samples = out / "results.csv", [], []
     for model, turns in grid:  # one process group per model; the CSV grows after each
         if not turns:
             continue
@@ -257,9 +264,12 @@ def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], r
                                                      args.timeout)
         for turn, (*results, probe) in zip(turns, measured):
             probe_s = statistics.median(probe[0]["times"])
-            rows += [_row(job, report(job, result, baseline, device), profile, profile_path, probe_s)
-                     for job, result in zip(turn, results)]
+            for job, result in zip(turn, results):
+                measured_job = report(job, result, baseline, device)
+                rows.append(_row(job, measured_job, profile, profile_path, probe_s))
+                samples.append(_samples(rows[-1], measured_job, probe[0]))
         _write_csv(csv_path, rows)
+        write_atomic(out / "samples.json", json_text({"points": samples}) + "\n")
     table, plots = compare(csv_path, out, host_profile=profile)
     print(table)
     print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))

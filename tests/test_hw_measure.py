@@ -203,16 +203,16 @@ def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monke
         assert os.sched_getaffinity(0) == before
 
 
-def test_lead_steps_cover_the_lead_time_from_one_timed_step(monkeypatch):
-    """A job whose step takes 40 ms leads each timed step with ceil(0.15 / 0.04) = 4 untimed ones; a 0.4 s step
-    with one."""
+def test_pace_covers_the_lead_and_block_times_from_one_timed_step(monkeypatch):
+    """A job whose step takes 4 ms leads each timed sample with ceil(0.15 / 0.004) = 38 untimed steps and times
+    ceil(0.05 / 0.004) = 13; a 40 ms step 4 and 2; a 0.4 s step one of each."""
     from hw import measure
 
-    for step_s, expected in ((0.04, 4), (0.4, 1)):
+    for step_s, expected in ((0.004, (38, 13)), (0.04, (4, 2)), (0.4, (1, 1))):
         clock = [0.0]
 
         def step(step_s=step_s) -> None:
             clock[0] += step_s
 
         monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-        assert measure._lead_steps(step, lambda: None, None, torch.device("cpu")) == expected
+        assert measure._pace(step, lambda: None, None, torch.device("cpu")) == measure.Pace(*expected)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,11 @@ def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
     assert [(p.gpus, p.microbatches) for p in points] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in points)
     assert all(p.host_probe_s > 0 for p in points)  # every turn stepped the host probe too
+    samples = json.loads((out / "samples.json").read_text())["points"]  # each row's raw steps, its probe's
+    assert [(s["gpus"], s["microbatches"]) for s in samples] == [(p.gpus, p.microbatches) for p in points]
+    for s, p in zip(samples, points):
+        assert len(s["steps_s"]) == len(s["probe_steps_s"]) == 2  # --steps samples, each a block of steps
+        assert statistics.median(statistics.mean(b) for b in s["steps_s"]) == pytest.approx(p.measured_s)
     assert (out / "profile.json").exists() and (out / "results-speedups.png").exists()
     again = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(out / "results.csv")],
                            capture_output=True, text=True)
