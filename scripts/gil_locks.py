@@ -18,26 +18,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from preload import preloaded
+
 HERE = Path(__file__).resolve().parent
 LIBRARY = Path("/tmp/liblockcount.so")
 COUNTS = (1, 2, 3, 4, 6, 8)
 WINDOW_S = 0.2
-
-
-def build() -> None:
-    """The counting library, compiled (where there is no compiler, one built elsewhere must be at LIBRARY)."""
-    if shutil.which("cc") is None and LIBRARY.exists():
-        return
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(LIBRARY), str(HERE / "lockcount.c"), "-ldl",
-                    "-lpthread"], check=True)
 
 
 def counted(lib: ctypes.CDLL) -> list[dict]:
@@ -65,17 +57,10 @@ def function_at(path: str, offset: str) -> str:
 
 
 def main() -> None:
-    if "liblockcount" not in os.environ.get("LD_PRELOAD", ""):
-        build()
-        env = dict(os.environ, LD_PRELOAD=str(LIBRARY))
-        sys.exit(subprocess.run([sys.executable, *sys.argv], env=env).returncode)
+    lib = preloaded(HERE / "lockcount.c", LIBRARY)
     import torch
+    from gil_release_probes import loop  # a sibling script: puts this checkout's hw on the path
 
-    sys.path.insert(0, str(HERE.parent))
-    sys.path.insert(0, str(HERE))
-    from gil_release_probes import loop
-
-    lib = ctypes.CDLL(str(LIBRARY))
     out = Path(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

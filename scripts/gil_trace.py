@@ -16,29 +16,20 @@ cost ~0.1 us an event (~25 a launch): the times are stretched, the order is not.
 
 from __future__ import annotations
 
-import ctypes
 import gzip
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from preload import preloaded
+
 HERE = Path(__file__).resolve().parent
 LIBRARY = Path("/tmp/libgiltrace.so")
 POINTS = (("alloc-after", 2), ("alloc-after", 1), ("alloc-after", 3), ("alloc-after", 4), ("alloc-after", 8),
           ("out-after", 2), ("out-after", 1))  # two threads first: their waits name take_gil's site
-
-
-def build() -> None:
-    if shutil.which("cc") is None and LIBRARY.exists():
-        return
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(LIBRARY), str(HERE / "giltrace.c"), "-ldl",
-                    "-lpthread"], check=True)
 
 
 def read_dump(path: Path) -> tuple[list[tuple], dict[int, str]]:
@@ -120,17 +111,10 @@ def summarise(rows_by_thread: dict, launches: int, threads: int) -> dict:
 
 
 def main() -> None:
-    if "libgiltrace" not in os.environ.get("LD_PRELOAD", ""):
-        build()
-        env = dict(os.environ, LD_PRELOAD=str(LIBRARY))
-        sys.exit(subprocess.run([sys.executable, *sys.argv], env=env).returncode)
+    lib = preloaded(HERE / "giltrace.c", LIBRARY)
     import torch
+    from gil_release_probes import loop  # a sibling script: puts this checkout's hw on the path
 
-    sys.path.insert(0, str(HERE.parent))
-    sys.path.insert(0, str(HERE))
-    from gil_release_probes import loop
-
-    lib = ctypes.CDLL(str(LIBRARY))
     out = Path(sys.argv[1])
     window = float(sys.argv[2]) if len(sys.argv) > 2 else 0.03
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
