@@ -1,5 +1,7 @@
 """Do launching threads slow each other down without the GIL? N threads each run a TorchScript loop of small kernels
-(TorchScript runs without the GIL) on a CUDA stream of its own, allocating each result or not, N = 1..8.
+(TorchScript runs without the GIL) on a CUDA stream of its own, allocating each result or not, N = 1..8. TorchScript's
+fuser is off (`hw.gil.unfused`): it would unroll the loop by 8 and fuse the adds into one kernel
+(scripts/ts_fusion.py), as it did in this script's run of 2026-11-25 01:5x (h200-2026-11-25-release-probes).
 
     python scripts/alloc_contention.py OUT.json [ROUNDS]
 
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
-from hw.gil import ELEMENTS, keep_clocks_up  # noqa: E402
+from hw.gil import ELEMENTS, keep_clocks_up, unfused  # noqa: E402
 from hw.hogwild import machine, shuffled_rounds  # noqa: E402
 
 LAUNCHES = 400  # per thread and repetition
@@ -62,7 +64,7 @@ def threads_loop(device: torch.device, threads: int, memory: str) -> dict:
         stream = streams[i]
         for r in range(REPEATS):
             go.wait()
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), unfused():
                 alloc_loop(xs[i], LAUNCHES) if memory == "alloc" else out_loop(xs[i], zs[i], LAUNCHES)
             ends[i][r] = clock()
             if stream is not None:
