@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.gil import gil_costs, launch_loop, launch_times, released_s  # noqa: E402
+from hw.gil import gil_costs, launch_loop, launch_times, released_s, unfused  # noqa: E402
 from hw.hogwild import core_speeds, hogwild_steps, rates, run_processes, speed_counts  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
@@ -41,6 +41,14 @@ def test_the_gil_free_part_of_a_launch_is_shorter_than_the_launch():
     costs, _ = gil_costs(CPU, window_s=0.01, rounds=1, holds_s=(0.0,), crowd_holds_s=())
     released = released_s(CPU, launches=200, repeat=3)
     assert released is not None and 0 < released < 10 * costs.launch_s  # TorchScript runs the op without Python
+
+
+def test_unfused_turns_torchscripts_fuser_off_and_restores_it():
+    """released_s times one kernel per iteration only with the fuser off (on a GPU it fused 8 adds into one)."""
+    before = torch._C._jit_texpr_fuser_enabled(), torch._C._jit_can_fuse_on_gpu()
+    with unfused():
+        assert not torch._C._jit_texpr_fuser_enabled() and not torch._C._jit_can_fuse_on_gpu()
+    assert (torch._C._jit_texpr_fuser_enabled(), torch._C._jit_can_fuse_on_gpu()) == before
 
 
 def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
