@@ -24,9 +24,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from preload import preloaded
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # its sibling scripts, run from anywhere
+from preload import preloaded  # noqa: E402
+
 LIBRARY = Path("/tmp/liblockcount.so")
 COUNTS = (1, 2, 3, 4, 6, 8)
 WINDOW_S = 0.2

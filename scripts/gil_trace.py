@@ -24,9 +24,10 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from preload import preloaded
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # its sibling scripts, run from anywhere
+from preload import preloaded  # noqa: E402
+
 LIBRARY = Path("/tmp/libgiltrace.so")
 POINTS = (("alloc-after", 2), ("alloc-after", 1), ("alloc-after", 3), ("alloc-after", 4), ("alloc-after", 8),
           ("out-after", 2), ("out-after", 1))  # two threads first: their waits name take_gil's site
