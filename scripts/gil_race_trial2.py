@@ -80,8 +80,12 @@ import math
 import random
 import statistics
 import time
+import sys
 from collections import deque
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts, run from anywhere
+from gil_race_trial import load_release_probes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "data/interfaces"
 TRACE = ROOT / "h200-2026-11-25-gil-trace/gil-trace.intervals.json.gz"
@@ -388,20 +392,6 @@ def dispatch_part(kind, t1, split, old_released):
 
 
 # --- the runs -------------------------------------------------------------------------------------------------
-
-def load_release_probes(path):
-    d = json.loads(path.read_text())
-    p = {k: v["per_launch_s"] for k, v in d["points"].items()}
-    t1 = {"alloc": p["alloc-after:1:0"], "out": p["out-after:1:0"]}
-    probes = []
-    for place, kind, where in (("alloc-after", "alloc", "after"), ("alloc-between", "alloc", "between"),
-                               ("out-after", "out", "after")):
-        for h in (16, 32, 64, 128):
-            one, two = p[f"{place}:1:{h}"], p[f"{place}:2:{h}"]
-            probes.append((kind, where, one - t1[kind], two - one, f"{place}:{h}"))
-    exp = {kind: {n: p[f"experiment-{kind}:{n}:0"] for n in range(1, 9)} for kind in ("alloc", "out")}
-    return {"name": path.name, "t1": t1, "released": d["released_s"], "probes": probes, "exp": exp}
-
 
 # --- calibration of the GIL's wake costs (and the switch penalty) ---------------------------------------------
 
