@@ -8,14 +8,15 @@ runs for WINDOW_S (default 0.03 s): allocating (`x + 1`) at 1, 2, 3, 4, 8 thread
 at 1 and 2. CPython 3.12 keeps the GIL as a flag under a mutex: take_gil locks it, may wait on its condition
 variable, sets the flag and unlocks; drop_gil locks it, clears the flag, signals and unlocks. So the GIL's mutex is
 the one the interpreter locks most, a thread holds the GIL from a take's unlock to its next drop's lock, and the
-take site is the one whose locks are followed by waits. Per point: the held and free intervals between drops
-(their medians by position in a launch), how many takes waited, and for takes that did not, how long after another
-thread's drop they came; the raw events of each thread are kept (times in ns from the window's start). The hooks
-cost ~0.1 us an event (~25 a launch): the times are stretched, the order is not.
+take site is the one whose locks are followed by waits. Per point: the deciles of the held and free intervals,
+how many takes waited, and for takes that did not, how long after another thread's drop they came; each thread's
+intervals are kept (times in ns from the window's start). Each point's loop is also timed untraced just before,
+so what the hooks cost (a time-stamp read and a store per event, ~25 events a launch) shows beside it.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import statistics
@@ -50,28 +51,29 @@ def gil_of(events: list[tuple], sites: dict[int, str]) -> tuple[str, str | None]
     python = {s for s, name in sites.items() if name.startswith(("libpython", "python"))}
     mutex = Counter(e[3] for e in events if e[2] == "L" and e[4] in python).most_common(1)[0][0]
     waited = Counter()
-    by_thread = defaultdict(list)
-    for e in events:
-        if e[3] == mutex:
-            by_thread[e[0]].append(e)
-    for es in by_thread.values():
-        for a, b in zip(es, es[1:]):
-            if a[2] == "L" and b[2] == "W":
-                waited[a[4]] += 1
+    for es in on_mutex(events, mutex).values():
+        for (_, kind, site), (_, after, _) in zip(es, es[1:]):
+            if kind == "L" and after == "W":
+                waited[site] += 1
     return mutex, sites[waited.most_common(1)[0][0]] if waited else None
+
+
+def on_mutex(events: list[tuple], mutex: str) -> dict[int, list[tuple]]:
+    """Per thread, its (ns, kind, site) events on `mutex`, in order."""
+    per = defaultdict(list)
+    for th, ns, kind, m, site in events:
+        if m == mutex:
+            per[th].append((ns, kind, site))
+    return per
 
 
 def intervals(events: list[tuple], mutex: str, take: int) -> dict:
     """Per thread, its GIL intervals in order: ("held", start, end) from a take's unlock to the next drop's lock,
     ("free", start, end) from a drop's unlock to the next take's lock, and each take's waits."""
-    per = defaultdict(list)
-    for th, ns, kind, m, site in events:
-        if m == mutex:
-            per[th].append((ns, kind, site))
     out = {}
-    for th, es in per.items():
+    for th, es in on_mutex(events, mutex).items():
         rows, state, since, waits = [], None, None, 0
-        for (ns, kind, site), nxt in zip(es, es[1:] + [(None, None, None)]):
+        for ns, kind, site in es:
             if kind == "L" and site == take:
                 if state == "free":
                     rows.append(("free", since, ns, 0))
@@ -95,14 +97,17 @@ def summarise(rows_by_thread: dict, launches: int, threads: int) -> dict:
     free = [r[2] - r[1] for rs in rows_by_thread.values() for r in rs if r[0] == "free"]
     takes = [r for rs in rows_by_thread.values() for r in rs if r[0] == "took"]
     drops = sorted((r[1], th) for th, rs in rows_by_thread.items() for r in rs if r[0] == "free")
+    times = [t for t, _ in drops]
     # for each take that did not wait: how long after the last drop by another thread it came
     lag = []
     for th, rs in rows_by_thread.items():
         for r in rs:
             if r[0] == "took" and r[3] == 0:
-                before = [t for t, other in drops if other != th and t <= r[1]]
-                if before:
-                    lag.append(r[1] - before[-1])
+                i = bisect.bisect_right(times, r[1]) - 1
+                while i >= 0 and drops[i][1] == th:
+                    i -= 1
+                if i >= 0:
+                    lag.append(r[1] - times[i])
     q = lambda v: [round(x / 1e3, 2) for x in statistics.quantiles(v, n=10)] if len(v) > 10 else []  # noqa: E731
     return {"threads": threads, "launches": launches, "drops_per_launch": len(free) / max(launches, 1),
             "held_us_deciles": q(held), "free_us_deciles": q(free),
