@@ -6,9 +6,9 @@ Since blocks (hw.measure.BLOCK_S), a timed sample's first step is what a sample 
 the job's lead. From the same run's samples.json, each point's and its turn's host probe's step, as
   first: the median of each sample's first step (one step a sample, as before blocks)
   block: the median of each sample's mean step (as `hw validate` now reports it)
-and per runtime the median / worst |error| from the profile and at the probe's host speed in each turn
-(parsim.compare.at_measured_host), with each estimator's spread: the median over points of the samples'
-interquartile range over their median.
+and per runtime the median / worst |error| from the profile and at the probe's host speed in each turn (as
+`parsim compare` prints them, parsim.compare.host_speed_lines), with each estimator's spread: the median over
+points of the samples' interquartile range over their median.
 """
 
 from __future__ import annotations
@@ -46,15 +46,11 @@ def main(grid: Path, profile_path: str) -> None:
         pts = [replace(p, measured_s=statistics.median(map(of, s["steps_s"])),
                        host_probe_s=statistics.median(map(of, s["probe_steps_s"])))
                for p, s in zip(points, samples)]
-        pts = compare.at_measured_host(pts, profile)
-        for runtime in sorted({p.runtime for p in pts}):
-            ps = [p for p in pts if p.runtime == runtime]
-            noise = statistics.median(spread([of(b) for b in s["steps_s"]]) for s in samples
-                                      if s["runtime"] == runtime)
-            plain, at_host = [abs(p.error) for p in ps], [abs(p.error_at_host) for p in ps]
-            print(f"  {name:5s} {runtime:6s} spread {noise:5.1%}: from the profile median {statistics.median(plain):5.1%}"
-                  f" worst {max(plain):5.1%}; at the probe's speed median {statistics.median(at_host):5.1%}"
-                  f" worst {max(at_host):5.1%}")
+        spreads = {runtime: statistics.median(spread([of(b) for b in s["steps_s"]])
+                                              for s in samples if s["runtime"] == runtime)
+                   for runtime in sorted({p.runtime for p in pts})}
+        print(f"{name}: spread " + ", ".join(f"{runtime} {v:.1%}" for runtime, v in spreads.items()))
+        print("\n".join(compare.host_speed_lines(compare.at_measured_host(pts, profile))[2:]))  # its runtimes' lines
 
 
 if __name__ == "__main__":
