@@ -34,6 +34,8 @@ HOLDS_S = tuple(h * 1e-6 for h in (0, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024
 CROWD_HOLDS_S = (64e-6, 128e-6)  # eight threads: their sleepers idle ~0.5 and ~1 ms, as two threads' at 512, 1024 us
 CROWD_THREADS = 8  # the experiment's largest count
 SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
+WINDOW_S = 0.04  # one timing of a point: many short ones in shuffled turns, their mean (launch_rounds)
+EXPERIMENT_ROUNDS = 70  # the experiment's windows per thread count: 2.8 s of each in all
 
 
 def keep_clocks_up(device: torch.device, seconds: float) -> bool:
@@ -105,19 +107,24 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
 
 def launch_rounds(device: torch.device, points: tuple[tuple, ...], window_s: float,
                   rounds: int) -> dict[tuple, dict]:
-    """Per point (threads, hold_s[, tag]): the median time per launch over rounds, and every round's loop, the
+    """Per point (threads, hold_s[, tag]): the mean time per launch over rounds, and every round's loop, the
     points in shuffled turns (hw.hogwild.shuffled_rounds; 2026-11-24). A tag keeps two timings of one
     (threads, hold_s) apart (a calibration's probe and the experiment's point).
+
+    Rounds should be many and windows short (WINDOW_S): each vCPU of the lent machines runs at one of two speeds
+    at a time, flipping from one 0.1 s window to the next (a lone thread's launches ~7.5 or ~11 us), so two
+    timings of one loop in the same rounds differed by up to 25% as the median of 7 windows of 0.4 s, and by 2.7%
+    at most as the mean of 70 of 0.04 s (scripts/twin_timings.py, 2026-11-25, one H200, four repeats).
     """
     for n, hold, *_ in points:  # warm-up: streams, the allocator's blocks, first launches
         launch_loop(device, n, min(window_s, 0.05), hold)
     raw = shuffled_rounds(points, rounds, lambda p: launch_loop(device, p[0], window_s, p[1]))
-    return {p: {"per_launch_s": statistics.median(r["per_launch_s"] for r in v), "rounds": v}
+    return {p: {"per_launch_s": statistics.mean(r["per_launch_s"] for r in v), "rounds": v}
             for p, v in raw.items()}
 
 
 def launch_times(device: torch.device, counts: tuple[int, ...], window_s: float, rounds: int) -> dict[int, dict]:
-    """The experiment: per thread count, the median time per launch of all threads (no extra hold)."""
+    """The experiment: per thread count, the mean time per launch of all threads over rounds (no extra hold)."""
     times = launch_rounds(device, tuple((n, 0.0) for n in counts), window_s, rounds)
     return {n: times[(n, 0.0)] for n in counts}
 
@@ -198,12 +205,19 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
     return statistics.median(times) / modules
 
 
-def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, holds_s: tuple[float, ...] = HOLDS_S,
+def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = 32, holds_s: tuple[float, ...] = HOLDS_S,
               source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
               experiment: tuple[int, ...] = ()) -> tuple[GilCosts, dict]:
-    """One thread's time per launch, its GIL-free part, and the wake-up curve from one and two threads
-    launching with each hold in holds_s (GIL held longer per launch), with the raw rounds; and, unused by the
-    model, CROWD_THREADS threads at each of crowd_holds_s, read as the model reads them (`crowd`).
+    """One thread's time per launch and the wake-up curve from one and two threads launching with each hold in
+    holds_s (GIL held longer per launch), with the raw rounds; and, unused by the model, CROWD_THREADS threads at
+    each of crowd_holds_s, read as the model reads them (`crowd`).
+
+    The launch's GIL-free part is left unmeasured (released_s None: the model holds the GIL all the launch). The
+    TorchScript loop of released_s issues the op in about the launch's own time (0.99 of it, timed back to back,
+    2026-11-25), where the GIL trace (scripts/gil_trace.py) has one thread hold the GIL ~20% of a launch: the
+    interpreter's own cost per op stands in for Python's, so the loop cannot split a launch. Taken apart from the
+    launch it even came out longer (the vCPU's speed flips), which left the model a launch that never held the GIL
+    and eight threads launching eight times as fast as one.
 
     experiment: thread counts of the GIL experiment to time in the same rounds, apart from the probes (the
     experiment's one and two threads are not the probes' own): raw["experiment"], as launch_times gives them.
@@ -214,13 +228,12 @@ def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, hol
     times = launch_rounds(device, points + tuple((n, 0.0, "experiment") for n in experiment), window_s, rounds)
     one = [times[(1, hold, "probe")]["per_launch_s"] for hold in holds_s]
     launch = times[(1, holds_s[0], "probe")]["per_launch_s"]
-    released = released_s(device)
     try:
         replicate = replicate_module_s(device)
     except Exception as e:  # noqa: BLE001 - the launch costs stand without it; the scenario says what is missing
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
-    costs = GilCosts(launch, thread_cost_s(), None if released is None else min(released, launch),
+    costs = GilCosts(launch, thread_cost_s(), None,
                      wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s)]),
                      cpu_cores(), replicate, source)
     crowd = []
@@ -229,7 +242,7 @@ def gil_costs(device: torch.device, window_s: float = 0.25, rounds: int = 5, hol
         ((slept, cost),) = wake_readings(CROWD_THREADS, [alone], [alone + paired_extra(times, CROWD_THREADS, hold)])
         crowd.append({"hold_s": hold, "slept_s": slept, "cost_s": cost})
     raw = {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
-           "released_s": released, "crowd_threads": CROWD_THREADS, "crowd": crowd,
+           "crowd_threads": CROWD_THREADS, "crowd": crowd,
            "holds": [{"hold_s": hold, "threads": n, **times[(n, hold, tag)]} for n, hold, tag in points]}
     if experiment:
         raw["experiment"] = {n: times[(n, 0.0, "experiment")] for n in experiment}

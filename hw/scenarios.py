@@ -131,18 +131,22 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     return scenario.figures(times)
 
 
-def measure_data_parallel(device: torch.device, window_s: float = 0.4, rounds: int = 7, calibrate: bool = False,
+def measure_data_parallel(device: torch.device, window_s: float | None = None, rounds: int | None = None,
+                          calibrate: bool = False,
                           holds_s: tuple[float, ...] | None = None, crowd_holds_s: tuple[float, ...] | None = None,
                           source: str = "") -> dict:
     """The GIL experiment: 1-8 threads launching small kernels for window_s, each on its own stream of one GPU
-    (or CPU ops); `rounds` rounds, the counts taking turns. With calibrate, the GIL's costs (hw.gil.gil_costs,
-    holds_s and crowd_holds_s as there) are timed in the same rounds, apart from the experiment's points.
+    (or CPU ops); `rounds` rounds, the counts taking turns (hw.gil's WINDOW_S and EXPERIMENT_ROUNDS unless
+    given). With calibrate, the GIL's costs (hw.gil.gil_costs, holds_s and crowd_holds_s as there) are timed in
+    the same rounds, apart from the experiment's points.
 
     nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
-    from hw.gil import BLOCK, CROWD_HOLDS_S, ELEMENTS, HOLDS_S, gil_costs, launch_times
+    from hw.gil import BLOCK, CROWD_HOLDS_S, ELEMENTS, EXPERIMENT_ROUNDS, HOLDS_S, WINDOW_S, gil_costs, launch_times
     from hw.hogwild import machine
     from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
 
+    window_s = WINDOW_S if window_s is None else window_s
+    rounds = EXPERIMENT_ROUNDS if rounds is None else rounds
     before = machine()
     costs, calibration = {}, None
     if calibrate:

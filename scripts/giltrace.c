@@ -1,10 +1,13 @@
-/* An LD_PRELOAD library that logs, while tracing is on, every pthread mutex lock (once held), unlock (before it)
- * and condition wait (its start and end) with the time, the mutex and the calling site, each thread into a buffer
- * of its own (the time-stamp counter, turned into ns at the dump), for scripts/gil_trace.py: CPython's GIL is a flag under a mutex, so its take_gil and drop_gil show as
- * locks and unlocks of that mutex from two sites of the interpreter, and each interval the GIL was held or free is
- * read from them. giltrace_start() empties the buffers and starts; giltrace_stop() stops; giltrace_dump(path)
- * writes "thread<TAB>ns<TAB>kind<TAB>mutex<TAB>site" lines, then "site<TAB>address<TAB>library<TAB>symbol+offset".
- * Build: see scripts/gil_trace.py. */
+/* An LD_PRELOAD library that logs, while tracing is on, every pthread mutex lock (its call, "l", and once held,
+ * "L"), unlock (before it, "U", and its return, "u"), condition wait (its start and end, "W" and "w") and condition
+ * signal (its call and return, "s" and "S", the condition in the mutex's place) with the time, the mutex and the
+ * calling site, each thread into a buffer of its own (the time-stamp counter, turned into ns at the dump), for
+ * scripts/gil_trace.py and scripts/gil_stalls.py: CPython's GIL is a flag under a mutex, so its take_gil and
+ * drop_gil show as locks and unlocks of that mutex from two sites of the interpreter, and each interval the GIL was
+ * held or free is read from them, and how long each lock, unlock and signal took. giltrace_start() empties the
+ * buffers and starts; giltrace_stop() stops; giltrace_dump(path) writes "thread<TAB>ns<TAB>kind<TAB>mutex<TAB>site"
+ * lines, then "site<TAB>address<TAB>library<TAB>symbol+offset". Build: see scripts/preload.py. (The "l", "u", "s"
+ * and "S" events came on 2026-11-25 at 05:3x-05:4x UTC, after the gil-trace data; gil_trace.py reads past them.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -16,8 +19,8 @@
 #define THREADS 64
 #define CAP 400000
 
-enum { LOCK, UNLOCK, WAIT, WOKE };
-static const char kind_char[] = "LUWw";
+enum { LOCK, UNLOCK, WAIT, WOKE, LOCKING, UNLOCKED, SIGNAL, SIGNALLED };
+static const char kind_char[] = "LUWwlusS";
 
 typedef struct { long ns; void *mutex, *site; int kind; } event_t;  /* ns: time-stamp counter ticks until dumped */
 typedef struct { event_t *e; int n; } log_t;
@@ -33,6 +36,7 @@ static __thread int inside = 0;
 static int (*real_lock)(pthread_mutex_t *);
 static int (*real_unlock)(pthread_mutex_t *);
 static int (*real_wait)(pthread_cond_t *, pthread_mutex_t *);
+static int (*real_signal)(pthread_cond_t *);
 static int (*real_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
 
 static long now_ns(void) {
@@ -57,6 +61,7 @@ static void note(int kind, void *mutex, void *site) {
 
 int pthread_mutex_lock(pthread_mutex_t *m) {
     if (!real_lock) real_lock = dlsym(RTLD_NEXT, "pthread_mutex_lock");
+    note(LOCKING, m, __builtin_return_address(0));
     int r = real_lock(m);
     note(LOCK, m, __builtin_return_address(0));
     return r;
@@ -65,7 +70,17 @@ int pthread_mutex_lock(pthread_mutex_t *m) {
 int pthread_mutex_unlock(pthread_mutex_t *m) {
     if (!real_unlock) real_unlock = dlsym(RTLD_NEXT, "pthread_mutex_unlock");
     note(UNLOCK, m, __builtin_return_address(0));
-    return real_unlock(m);
+    int r = real_unlock(m);
+    note(UNLOCKED, m, __builtin_return_address(0));
+    return r;
+}
+
+int pthread_cond_signal(pthread_cond_t *c) {
+    if (!real_signal) real_signal = dlvsym(RTLD_NEXT, "pthread_cond_signal", "GLIBC_2.3.2");
+    note(SIGNAL, c, __builtin_return_address(0));
+    int r = real_signal(c);
+    note(SIGNALLED, c, __builtin_return_address(0));
+    return r;
 }
 
 int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m) {

@@ -7,7 +7,7 @@
 # 4, 8, 16 processes training one shared model on the CPU cores), each measured beside parsim's prediction from
 # those costs, in one lease; each experiment with `--calibrate`: its costs timed again in its own rounds, apart from
 # its points, and predicted from those (the prediction from profile.json, a minute older, can be redone offline).
-# About 4 minutes on one H200 with 16 cores (7 at most: each part is bounded by `timeout`, and one failing does not
+# About 5 minutes on one H200 with 16 cores (9 at most: each part is bounded by `timeout`, and one failing does not
 # stop the rest). Files: profile.json (+ .samples.json), data-parallel.json, hogwild.json, gil-switches.json (how
 # often the GIL changed hands, scripts/gil_switches.py), gil-handoffs.json (each hand-off's gap, launches that
 # allocate their result against ones that write into their own, scripts/gil_handoffs.py), log.txt (what each
@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv >> "$out/cpu.t
 nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu --format=csv -lms 200 > "$out/clocks.csv" 2>/dev/null &
 clocks=$!
 step 100 "$py" -m hw calibrate --interfaces --out "$out/profile.json" --force
-step 120 "$py" -m hw scenario data-parallel --calibrate --profile "$out/profile.json" --out "$out/data-parallel.json"
+step 200 "$py" -m hw scenario data-parallel --calibrate --profile "$out/profile.json" --out "$out/data-parallel.json"
 step 120 "$py" -m hw scenario hogwild --calibrate --profile "$out/profile.json" --out "$out/hogwild.json"
 step 25 "$py" scripts/gil_switches.py "$out/gil-switches.json"
 step 60 "$py" scripts/gil_handoffs.py "$out/gil-handoffs.json" 3 free,free-out

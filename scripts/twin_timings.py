@@ -1,0 +1,62 @@
+"""How far apart are two timings of the same GIL-experiment loop in the same rounds, with long or short windows?
+(issue 19)
+
+    python scripts/twin_timings.py OUT.json [REPEATS]
+
+Each vCPU of the lent H200 machines runs at one of two speeds at a time, flipping from one 0.1 s window to the next
+(data/interfaces/h200-2026-11-25-vcpu-speed: a pinned thread's pure Python loop at ~0.75 or ~1.45 us, its launches
+at ~7.5 or ~11 us), so two timings of the same loop (the calibration's one thread and the experiment's) differed by
+up to 28% within the same rounds. hw.gil.launch_rounds times each point over `rounds` windows of `window_s` in
+shuffled turns and takes the median. Here twins, (N, 0, "a") and (N, 0, "b") for N = 1, 2, 8, are timed under two
+designs of the same total time per point, long (7 windows of 0.4 s, hw's default) and short (70 of 0.04 s), the
+designs alternating REPEATS times; per design and N: the twins' ratio by the median of the windows and by their
+mean.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
+from hw.gil import launch_rounds  # noqa: E402
+import record  # noqa: E402
+
+DESIGNS = {"long": (0.4, 7), "short": (0.04, 70)}
+COUNTS = (1, 2, 8)
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    points = tuple((n, 0.0, twin) for n in COUNTS for twin in ("a", "b"))
+    runs = []
+    for k in range(repeats):
+        for design, (window, rounds) in DESIGNS.items():
+            times = launch_rounds(device, points, window, rounds)
+            row = {"design": design, "repeat": k, "window_s": window, "rounds": rounds, "twins": {}}
+            for n in COUNTS:
+                a, b = (times[(n, 0.0, t)] for t in ("a", "b"))
+                ra = [r["per_launch_s"] for r in a["rounds"]]
+                rb = [r["per_launch_s"] for r in b["rounds"]]
+                row["twins"][n] = {"a": ra, "b": rb, "median_ratio": statistics.median(rb) / statistics.median(ra),
+                                   "mean_ratio": statistics.mean(rb) / statistics.mean(ra)}
+            runs.append(row)
+            print(f"{design:5} repeat {k}: " + "; ".join(
+                f"N={n}: b/a {row['twins'][n]['median_ratio']:.3f} (median), {row['twins'][n]['mean_ratio']:.3f} (mean)"
+                for n in COUNTS), flush=True)
+    summary = {}
+    for design in DESIGNS:
+        for est in ("median_ratio", "mean_ratio"):
+            devs = [abs(r["twins"][n][est] - 1) for r in runs if r["design"] == design for n in COUNTS]
+            summary[f"{design}:{est}"] = {"worst": max(devs), "median": statistics.median(devs)}
+            print(f"{design:5} {est:12}: |b/a - 1| median {statistics.median(devs):.1%}, worst {max(devs):.1%}")
+    record.write(out, device, designs=DESIGNS, runs=runs, summary=summary)
+
+
+if __name__ == "__main__":
+    main()
