@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts (record)
 from hw.gil import ELEMENTS, keep_clocks_up  # noqa: E402
 import record  # noqa: E402
 

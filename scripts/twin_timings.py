@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts (record)
 from hw.gil import launch_rounds  # noqa: E402
 import record  # noqa: E402
 
