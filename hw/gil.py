@@ -36,6 +36,7 @@ CROWD_THREADS = 8  # the experiment's largest count
 SPIN_HZ = 2.0e9  # cycles a second at an H100's or H200's top SM clock (1.98 GHz): a spin lasts at least its time
 WINDOW_S = 0.04  # one timing of a point: many short ones in shuffled turns, their mean (launch_rounds)
 EXPERIMENT_ROUNDS = 70  # the experiment's windows per thread count: 2.8 s of each in all
+CALIBRATION_ROUNDS = 32  # hw calibrate's windows per probe: 1.3 s of each, as 5 of 0.25 s were
 
 
 def keep_clocks_up(device: torch.device, seconds: float) -> bool:
@@ -205,8 +206,8 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
     return statistics.median(times) / modules
 
 
-def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = 32, holds_s: tuple[float, ...] = HOLDS_S,
-              source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
+def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CALIBRATION_ROUNDS,
+              holds_s: tuple[float, ...] = HOLDS_S, source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
               experiment: tuple[int, ...] = ()) -> tuple[GilCosts, dict]:
     """One thread's time per launch and the wake-up curve from one and two threads launching with each hold in
     holds_s (GIL held longer per launch), with the raw rounds; and, unused by the model, CROWD_THREADS threads at
