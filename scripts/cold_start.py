@@ -51,7 +51,7 @@ static uint64_t now(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1000000000ull + t.tv_nsec;
 }
-static void spin(uint64_t ns) { uint64_t end = now() + ns; while (now() < end) _mm_pause(); }
+void spin(uint64_t ns) { uint64_t end = now() + ns; while (now() < end) _mm_pause(); }
 void spin_then_write(int fd, uint64_t ns, uint64_t tail) { spin(ns); char c = 1; (void)!write(fd, &c, 1); spin(tail); }
 void spin_then_set(volatile int *flag, uint64_t ns, uint64_t tail) {
     spin(ns);
@@ -77,6 +77,7 @@ def python_work() -> None:
 
 
 def build() -> ctypes.CDLL:
+    """The C side: spins, signalling and a sleeping thread, none holding the GIL (scripts/gil_churn.py uses `spin`)."""
     src = LIBRARY.with_suffix(".c")
     src.write_text(C_SOURCE)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(LIBRARY), str(src), "-lpthread"], check=True)
@@ -85,6 +86,7 @@ def build() -> ctypes.CDLL:
     lib.spin_then_set.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
     lib.wait_flag.argtypes = [ctypes.c_void_p]
     lib.start_sleeper.argtypes = lib.poke.argtypes = [ctypes.c_int]
+    lib.spin.argtypes = [ctypes.c_uint64]
     return lib
 
 

@@ -8,14 +8,14 @@ a blocking wait only 0.5-2 us slower (scripts/cold_start.py). Here N = 1..8 thre
 Python work (`held`, the GIL held), then call a C function that drops the GIL and spins FREE_US without it (ctypes
 releases the GIL around a foreign call), as a launch drops it for its dispatch. Per N and FREE_US: the held work's
 time (median and mean), the time per iteration of all threads, and how often the GIL changed hands. If the held
-work slows with N here, the slowdown is the GIL's hand-offs' own, and a model can take it from this probe.
+work slows with N here, the slowdown is the GIL's hand-offs' own, and a model can take it from this probe. The
+spin is scripts/cold_start.py's (the runs of 2026-11-25 had a copy of it here).
 """
 
 from __future__ import annotations
 
 import ctypes
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -27,30 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts (record)
 from hw.hogwild import shuffled_rounds  # noqa: E402
 import record  # noqa: E402
+from cold_start import build  # noqa: E402
 
-C_SOURCE = r"""
-#include <stdint.h>
-#include <time.h>
-#include <immintrin.h>
-static uint64_t now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000ull + t.tv_nsec;
-}
-void spin_ns(uint64_t ns) { uint64_t end = now() + ns; while (now() < end) _mm_pause(); }
-"""
-LIBRARY = Path("/tmp/libgilchurn.so")
 COUNTS = (1, 2, 3, 4, 6, 8)
 FREE_US = (2, 8)  # a short release (a tensor's free) and about a dispatch's
-
-
-def build() -> ctypes.CDLL:
-    src = LIBRARY.with_suffix(".c")
-    src.write_text(C_SOURCE)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(LIBRARY), str(src)], check=True)
-    lib = ctypes.CDLL(str(LIBRARY))  # a CDLL call runs without the GIL
-    lib.spin_ns.argtypes = [ctypes.c_uint64]
-    return lib
 
 
 def python_work() -> None:
@@ -77,7 +57,7 @@ def churn(lib: ctypes.CDLL, threads: int, free_us: float, window_s: float) -> di
             if last[0] != i:
                 last[0] = i
                 takes[0] += 1
-            lib.spin_ns(free_ns)
+            lib.spin(free_ns)
             n += 1
         counts[i], ends[i] = n, clock()
 
