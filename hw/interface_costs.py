@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 
 from hw.gil import CALIBRATION_ROUNDS, CROWD_HOLDS_S, HOLDS_S, WINDOW_S, gil_costs
-from hw.hogwild import cpu_costs, machine
+from hw.hogwild import ROUNDS, RUN_S, cpu_costs, machine
 from parsim.scenarios.interfaces import HOGWILD_MODEL
 from parsim.profile import GilCosts, Profile, samples_path, save_profile
 from parsim.sim.gil import wake_cost
 
 QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
          "window_s": 0.02, "rounds": 2, "holds_s": (0.0, 32e-6), "crowd_holds_s": (32e-6,)}
-FULL = {"spec": HOGWILD_MODEL, "duration_s": 1.0, "stream_bytes": 64 << 20, "cpu_rounds": 2,
+FULL = {"spec": HOGWILD_MODEL, "duration_s": RUN_S, "stream_bytes": 64 << 20, "cpu_rounds": ROUNDS,
         "window_s": WINDOW_S, "rounds": CALIBRATION_ROUNDS, "holds_s": HOLDS_S, "crowd_holds_s": CROWD_HOLDS_S}
 
 

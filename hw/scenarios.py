@@ -161,15 +161,18 @@ def measure_data_parallel(device: torch.device, window_s: float | None = None, r
             "raw": raw | ({"calibration": calibration} if calibration else {})}
 
 
-def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float = 1.0, rounds: int = 3,
-                    counts: tuple[int, ...] | None = None, calibrate: bool = False, source: str = "") -> dict:
-    """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused).
-    With calibrate, the CPU's costs (hw.hogwild.cpu_costs) are measured in the same rounds, apart from the
-    experiment's counts."""
-    from hw.hogwild import cpu_costs, machine, measure_hogwild as measure
+def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float | None = None,
+                    rounds: int | None = None, counts: tuple[int, ...] | None = None, calibrate: bool = False,
+                    source: str = "") -> dict:
+    """Hogwild on this machine's CPU cores: 1-16 processes training one shared model (the device is unused), in
+    `rounds` runs of duration_s (hw.hogwild's RUN_S and ROUNDS unless given). With calibrate, the CPU's costs
+    (hw.hogwild.cpu_costs) are measured in the same rounds, apart from the experiment's counts."""
+    from hw.hogwild import ROUNDS, RUN_S, cpu_costs, machine, measure_hogwild as measure
     from parsim.scenarios.interfaces import HOGWILD_MODEL, HOGWILD_PROCESSES, hogwild_ratios
 
     spec, counts = spec or HOGWILD_MODEL, counts or HOGWILD_PROCESSES
+    duration_s = RUN_S if duration_s is None else duration_s
+    rounds = ROUNDS if rounds is None else rounds
     before = machine()
     costs, calibration = {}, None
     if calibrate:

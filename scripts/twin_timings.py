@@ -26,8 +26,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts 
 from hw.gil import launch_rounds  # noqa: E402
 import record  # noqa: E402
 
-DESIGNS = {"long": (0.4, 7), "short": (0.04, 70)}
+DESIGNS = {"long": (0.4, 7), "short": (0.04, 70)}  # (window_s, rounds)
 COUNTS = (1, 2, 8)
+
+
+def compare(designs: dict, counts: tuple[int, ...], repeats: int, twins) -> tuple[list[dict], dict]:
+    """Per repeat and design, the twins' times of each count (twins(params) -> {n: (a_times, b_times)}), their
+    ratios by the median and by the mean; and per design and estimator the median and worst |b/a - 1|."""
+    runs = []
+    for k in range(repeats):
+        for design, params in designs.items():
+            row = {"design": design, "repeat": k, "params": params, "twins": {}}
+            for n, (a, b) in twins(params).items():
+                row["twins"][n] = {"a": a, "b": b, "median_ratio": statistics.median(b) / statistics.median(a),
+                                   "mean_ratio": statistics.mean(b) / statistics.mean(a)}
+            runs.append(row)
+            print(f"{design:5} repeat {k}: " + "; ".join(
+                f"N={n}: b/a {t['median_ratio']:.3f} (median), {t['mean_ratio']:.3f} (mean)"
+                for n, t in row["twins"].items()), flush=True)
+    summary = {}
+    for design in designs:
+        for est in ("median_ratio", "mean_ratio"):
+            devs = [abs(r["twins"][n][est] - 1) for r in runs if r["design"] == design for n in counts]
+            summary[f"{design}:{est}"] = {"worst": max(devs), "median": statistics.median(devs)}
+            print(f"{design:5} {est:12}: |b/a - 1| median {statistics.median(devs):.1%}, worst {max(devs):.1%}")
+    return runs, summary
 
 
 def main() -> None:
@@ -35,29 +58,14 @@ def main() -> None:
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     points = tuple((n, 0.0, twin) for n in COUNTS for twin in ("a", "b"))
-    runs = []
-    for k in range(repeats):
-        for design, (window, rounds) in DESIGNS.items():
-            times = launch_rounds(device, points, window, rounds)
-            row = {"design": design, "repeat": k, "window_s": window, "rounds": rounds, "twins": {}}
-            for n in COUNTS:
-                a, b = (times[(n, 0.0, t)] for t in ("a", "b"))
-                ra = [r["per_launch_s"] for r in a["rounds"]]
-                rb = [r["per_launch_s"] for r in b["rounds"]]
-                row["twins"][n] = {"a": ra, "b": rb, "median_ratio": statistics.median(rb) / statistics.median(ra),
-                                   "mean_ratio": statistics.mean(rb) / statistics.mean(ra)}
-            runs.append(row)
-            print(f"{design:5} repeat {k}: " + "; ".join(
-                f"N={n}: b/a {row['twins'][n]['median_ratio']:.3f} (median), {row['twins'][n]['mean_ratio']:.3f} (mean)"
-                for n in COUNTS), flush=True)
-    summary = {}
-    for design in DESIGNS:
-        for est in ("median_ratio", "mean_ratio"):
-            devs = [abs(r["twins"][n][est] - 1) for r in runs if r["design"] == design for n in COUNTS]
-            summary[f"{design}:{est}"] = {"worst": max(devs), "median": statistics.median(devs)}
-            print(f"{design:5} {est:12}: |b/a - 1| median {statistics.median(devs):.1%}, worst {max(devs):.1%}")
-    record.write(out, device, designs=DESIGNS, runs=runs, summary=summary)
 
+    def twins(params: tuple[float, int]) -> dict:
+        times = launch_rounds(device, points, *params)
+        return {n: tuple([r["per_launch_s"] for r in times[(n, 0.0, t)]["rounds"]] for t in ("a", "b"))
+                for n in COUNTS}
+
+    runs, summary = compare(DESIGNS, COUNTS, repeats, twins)
+    record.write(out, device, designs=DESIGNS, runs=runs, summary=summary)
 
 if __name__ == "__main__":
     main()
