@@ -1,6 +1,6 @@
 """Does GIL-held Python work run slower when the GIL changes hands among more threads? No torch. (issue 19)
 
-    python scripts/gil_churn.py OUT.json [ROUNDS [WINDOW_S]]
+    python scripts/gil_churn.py OUT.json [ROUNDS [WINDOW_S [FREE_US,... [THREADS,...]]]]
 
 In the GIL experiment eight threads' held work per launch was 2.2-2.5x what one launcher's was beside seven
 GIL-free launchers (scripts/gil_stalls.py, data/interfaces/h200-2026-11-25-stalls), and a thread's first work after
@@ -78,8 +78,10 @@ def main() -> None:
     out = Path(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     window = float(sys.argv[3]) if len(sys.argv) > 3 else 0.04
+    frees = tuple(float(x) for x in sys.argv[4].split(",")) if len(sys.argv) > 4 else FREE_US
+    counts = tuple(sorted({1, *(int(x) for x in sys.argv[5].split(","))})) if len(sys.argv) > 5 else COUNTS
     lib = build()
-    points = [(n, f) for f in FREE_US for n in COUNTS]
+    points = [(n, f) for f in frees for n in counts]
     for p in points:
         churn(lib, *p, 0.01)  # warm-up
     runs = shuffled_rounds(points, rounds, lambda p: churn(lib, *p, window))
