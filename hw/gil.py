@@ -2,12 +2,11 @@
 (on the CPU: small CPU ops) for a fixed time, and the probes that calibrate `parsim.sim.gil` for it.
 
 A thread holds the GIL for the Python part of each launch; torch's bindings drop it for the C++ part. The
-probes: one thread's time per launch; the C++ part alone (the same op issued from a TorchScript loop); and
-one and two threads launching while each holds the GIL a set time longer per launch, which makes the other
-thread's core sleep that long before each wake-up (`parsim.sim.gil.wake_points`); and, as a check the model
-does not use, eight threads holding the GIL longer (their sleepers idle as long as two threads' do at the longest
-holds). None is the experiment's own point at 3-8 threads (it holds nothing). Every loop counts how often the
-GIL changed hands between launching threads.
+probes: one thread's time per launch; one and two threads launching while each holds the GIL a set time longer
+per launch, which makes the other thread's core sleep that long before each wake-up
+(`parsim.sim.gil.wake_points`); and, as a check the model does not use, eight threads holding the GIL longer
+(their sleepers idle as long as two threads' do at the longest holds). None is the experiment's own point at
+3-8 threads (it holds nothing). Every loop counts how often the GIL changed hands between launching threads.
 """
 
 from __future__ import annotations
@@ -145,8 +144,9 @@ def unfused() -> Iterator[None]:
 
 
 def released_s(device: torch.device, launches: int = 500, repeat: int = 20) -> float | None:
-    """A launch's C++ part alone: `y = y + 1` issued by a TorchScript loop, which runs no Python per op
-    (dispatch and the driver's launch, what torch's bindings run without the GIL). None if TorchScript fails.
+    """Seconds per op of `y = y + 1` issued by a TorchScript loop, which runs no Python per op; None if TorchScript
+    fails. Meant as a launch's C++ part alone, it is not: the interpreter's own cost per op stands in for Python's
+    (0.99 of a Python launch, 2026-11-25), so gil_costs no longer uses it; scripts still time it beside theirs.
     TorchScript's fuser is off: on a GPU it unrolls the loop by 8 and fuses the adds into one kernel, a launch per 8
     (scripts/ts_fusion.py: 0.83 us an iteration fused, 7.26 not, 7.68 from Python, 2026-11-25)."""
     try:
