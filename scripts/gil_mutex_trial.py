@@ -53,8 +53,9 @@ from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gil_race_trial import load_release_probes  # noqa: E402
-from gil_race_trial2 import ROOT, UNFUSED, fit_serialized, traced_split, traced_wake_cost  # noqa: E402
+from gil_race_trial import LaunchMeter, load_release_probes  # noqa: E402
+from gil_race_trial2 import (ROOT, UNFUSED, contention_fit, loop_times, traced_split,  # noqa: E402
+                             traced_wake_cost)
 
 SIGMA = 0.2  # log-normal jitter on every wake-up and every part
 SECTION_S = 0.05e-6  # the mutex's own section (lock, flag, unlock) without a syscall
@@ -84,8 +85,8 @@ def simulate(threads, segs, c, wake, beta=0.0, beta_all=False, launches=2000, se
     seg = [0] * threads
     after_mutex = [None] * threads  # what a thread does once it owns the mutex: "drop" or "take"
     nxt = [None] * threads  # its part after the mutex's release, or None (asleep on the condition)
-    done = waits = msleeps = 0
-    warm, mark = 30 * threads, None
+    waits = msleeps = 0
+    meter = LaunchMeter(30 * threads, launches)
     futexed = [False] * threads  # a futex call since its last held part
     slept = [False] * threads  # a sleep since its last held part
     slept_d = [False] * threads  # a sleep since its last dispatch
@@ -141,13 +142,8 @@ def simulate(threads, segs, c, wake, beta=0.0, beta_all=False, launches=2000, se
                 locked = False
                 k = seg[th] % nseg
                 seg[th] += 1
-                if k == nseg - 1:
-                    done += 1
-                    if done == warm:
-                        mark = (t, waits, msleeps)
-                    elif done == warm + launches:
-                        t0, w0, m0 = mark
-                        return (t - t0) / launches, (waits - w0) / launches, (msleeps - m0) / launches
+                if k == nseg - 1 and (steady := meter.done(t, waits, msleeps)):
+                    return steady
                 t2 = t + SECTION_S
                 if cond_unsignalled:
                     futexed[th] = True
@@ -180,19 +176,9 @@ def simulate(threads, segs, c, wake, beta=0.0, beta_all=False, launches=2000, se
 
 
 def beta_of(path):
-    """The launch path's contention from GIL-free loops (alloc-contention JSON): per launch = a (1 + beta (N - 1)) / N,
-    least squares on relative errors (scripts/gil_race_trial2.py's reading)."""
-    d = json.loads(path.read_text())
-    meas = {n: d["points"][f"alloc:{n}"]["per_launch_s"] for n in range(1, 9)}
-    best = None
-    for b in range(0, 2001):
-        beta = b * 0.0005
-        xs = {n: (1 + beta * (n - 1)) / n for n in meas}
-        a = sum(xs[n] / meas[n] for n in xs) / sum(xs[n] ** 2 / meas[n] ** 2 for n in xs)
-        v = sum((a * xs[n] / meas[n] - 1) ** 2 for n in xs)
-        if best is None or v < best[0]:
-            best = (v, beta)
-    return best[1]
+    """The launch path's contention from GIL-free loops (an alloc-contention JSON), as trial 2 reads them
+    (`contention_fit`: per launch = a (1 + beta (N - 1)) / N)."""
+    return contention_fit(loop_times(path))[1]
 
 
 def load_lease(folder):

@@ -68,6 +68,22 @@ THETA_S = 2e-6
 MAX_HOLD_S = 128e-6
 
 
+class LaunchMeter:
+    """A simulation's steady state: after `warm` finished launches it marks the clock and the counters it is given,
+    and after `launches` more `done` returns their growth per launch (the clock's first), else None."""
+
+    def __init__(self, warm, launches):
+        self.warm, self.launches, self.count, self.mark = warm, launches, 0, None
+
+    def done(self, t, *counters):
+        self.count += 1
+        if self.count == self.warm:
+            self.mark = (t, *counters)
+        elif self.count == self.warm + self.launches:
+            return tuple((x - x0) / self.launches for x, x0 in zip((t, *counters), self.mark))
+        return None
+
+
 def simulate(threads, segs, c_h, l_h, theta=THETA_S, launches=3000, seed=1):
     """Time per launch of all `threads` threads, each running the cycle `segs` [(held_s, free_s)], and the GIL's
     condition waits and hand-offs per launch. A thread's launch ends with its last segment's drop."""
@@ -87,9 +103,8 @@ def simulate(threads, segs, c_h, l_h, theta=THETA_S, launches=3000, seed=1):
     queue: deque = deque()
     slept_at, seg = [0.0] * threads, [0] * threads
     holding, woken = [False] * threads, [False] * threads
-    done = waits = handoffs = 0
-    warm = 30 * threads
-    mark = None
+    waits = handoffs = 0
+    meter = LaunchMeter(30 * threads, launches)
     for th in range(threads):
         push(th * 1e-7, th)
     while heap:
@@ -98,13 +113,8 @@ def simulate(threads, segs, c_h, l_h, theta=THETA_S, launches=3000, seed=1):
             holding[th], gil = False, None
             k = seg[th] % nseg
             seg[th] += 1
-            if k == nseg - 1:
-                done += 1
-                if done == warm:
-                    mark = (t, waits, handoffs)
-                elif done == warm + launches:
-                    t0, w0, h0 = mark
-                    return (t - t0) / launches, (waits - w0) / launches, (handoffs - h0) / launches
+            if k == nseg - 1 and (steady := meter.done(t, waits, handoffs)):
+                return steady
             free = segs[k][1]
             if queue:  # cond_signal, inside the GIL's mutex
                 w = queue.popleft()

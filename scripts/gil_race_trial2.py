@@ -85,7 +85,7 @@ from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts, run from anywhere
-from gil_race_trial import load_release_probes  # noqa: E402
+from gil_race_trial import LaunchMeter, load_release_probes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "data/interfaces"
 TRACE = ROOT / "h200-2026-11-25-gil-trace/gil-trace.intervals.json.gz"
@@ -150,7 +150,7 @@ def simulate_nogil(threads, p, s, w, launches=3000, seed=1):
     jit = lambda x: x * math.exp(SIGMA * rng.gauss(0.0, 1.0))  # noqa: E731
     heap = []
     busy, queue = False, deque()
-    done, warm, mark = 0, 20 * threads, None
+    meter = LaunchMeter(20 * threads, launches)
     seq = 0
     for th in range(threads):
         heapq.heappush(heap, (jit(p) + th * 1e-8, seq, th, "want"))
@@ -165,11 +165,8 @@ def simulate_nogil(threads, p, s, w, launches=3000, seed=1):
                 heapq.heappush(heap, (t + jit(s), seq, th, "release"))
                 seq += 1
         else:
-            done += 1
-            if done == warm:
-                mark = t
-            elif done == warm + launches:
-                return (t - mark) / launches
+            if steady := meter.done(t):
+                return steady[0]
             heapq.heappush(heap, (t + jit(p), seq, th, "want"))
             seq += 1
             if queue:
@@ -180,9 +177,31 @@ def simulate_nogil(threads, p, s, w, launches=3000, seed=1):
                 busy = False
 
 
+def contention_fit(meas):
+    """(a, beta, rms) of the GIL-free loops read as no lock: every thread's launch path slowed by the others',
+    per launch = a (1 + beta (N - 1)) / N, beta on a grid, a by least squares on relative errors for each."""
+    best = None
+    for b in range(0, 2001):
+        beta = b * 0.0005
+        # for a given beta, the a minimising the relative squared error: sum(x (a x - m)/m^2) = 0
+        xs = {n: (1 + beta * (n - 1)) / n for n in meas}
+        a = sum(xs[n] / meas[n] for n in xs) / sum(xs[n] ** 2 / meas[n] ** 2 for n in xs)
+        v = sum((a * xs[n] / meas[n] - 1) ** 2 for n in xs)
+        if best is None or v < best[0]:
+            best = (v, a, beta)
+    v, a, beta = best
+    return a, beta, math.sqrt(v / len(meas))
+
+
+def loop_times(path):
+    """Per thread count 1-8, the allocating GIL-free loops' time per launch of all threads (an alloc-contention
+    JSON, scripts/alloc_contention.py)."""
+    d = json.loads(path.read_text())
+    return {n: d["points"][f"alloc:{n}"]["per_launch_s"] for n in range(1, 9)}
+
+
 def fit_serialized(quick):
-    d = json.loads((UNFUSED / "alloc-contention-unfused.json").read_text())
-    meas = {n: d["points"][f"alloc:{n}"]["per_launch_s"] for n in range(1, 9)}
+    meas = loop_times(UNFUSED / "alloc-contention-unfused.json")
     launches = 800 if quick else 2000
 
     def loss(p, s, w):
@@ -207,18 +226,9 @@ def fit_serialized(quick):
     v, p, s, w = best
     pred = {n: simulate_nogil(n, p, s, w, launches * 2) for n in range(1, 9)}
     # the other reading: no lock, every thread's launch path slowed by the others' (per_launch = a(1+beta(N-1))/N)
-    best_c = None
-    for b in range(0, 2001):
-        beta = b * 0.0005
-        # for a given beta, the a minimising the relative squared error: sum(x (a x - m)/m^2) = 0
-        xs = {n: (1 + beta * (n - 1)) / n for n in range(1, 9)}
-        a = sum(xs[n] / meas[n] for n in xs) / sum(xs[n] ** 2 / meas[n] ** 2 for n in xs)
-        vc = sum((a * xs[n] / meas[n] - 1) ** 2 for n in xs)
-        if best_c is None or vc < best_c[0]:
-            best_c = (vc, a, beta)
-    vc, a, beta = best_c
+    a, beta, rms_c = contention_fit(meas)
     return {"p": p, "s": s, "w": w, "rms": math.sqrt(v / 8), "meas": meas, "pred": pred,
-            "a": a, "beta": beta, "rms_c": math.sqrt(vc / 8),
+            "a": a, "beta": beta, "rms_c": rms_c,
             "pred_c": {n: a * (1 + beta * (n - 1)) / n for n in range(1, 9)}}
 
 
@@ -255,9 +265,8 @@ def simulate(threads, segs, c_h, l_h, k_sw=0.0, ser=None, beta=0.0, jitter=None,
     phase = [""] * threads
     active = set()
     remaining, since, rate, ver = [0.0] * threads, [0.0] * threads, [1.0] * threads, [0] * threads
-    done = waits = switches = 0
-    warm = 30 * threads
-    mark = None
+    waits = switches = 0
+    meter = LaunchMeter(30 * threads, launches)
 
     def rescale(t):  # the set of threads doing launch work changed: re-time everyone's current work
         r = 1.0 / (1.0 + beta * (len(active) - 1)) if active else 1.0
@@ -326,13 +335,8 @@ def simulate(threads, segs, c_h, l_h, k_sw=0.0, ser=None, beta=0.0, jitter=None,
             gil = None
             k = seg[th] % nseg
             seg[th] += 1
-            if k == nseg - 1:
-                done += 1
-                if done == warm:
-                    mark = (t, waits, switches)
-                elif done == warm + launches:
-                    t0, w0, h0 = mark
-                    return (t - t0) / launches, (waits - w0) / launches, (switches - h0) / launches
+            if k == nseg - 1 and (steady := meter.done(t, waits, switches)):
+                return steady
             extra = 0.0
             if queue:  # cond_signal, inside the GIL's mutex
                 w = queue.popleft()
