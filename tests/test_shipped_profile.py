@@ -21,9 +21,28 @@ def _script(name: str):
     return module
 
 
+def same_up_to_rounding(made, committed) -> bool:
+    """Equal JSON but for floats' last digits: a least-squares fit's result differs in them between BLAS kernels
+    (numpy picks one by processor; OPENBLAS_CORETYPE, set on some machines, picks another)."""
+    if isinstance(made, dict) and isinstance(committed, dict):
+        return made.keys() == committed.keys() and all(same_up_to_rounding(made[k], committed[k]) for k in made)
+    if isinstance(made, list) and isinstance(committed, list):
+        return len(made) == len(committed) and all(map(same_up_to_rounding, made, committed))
+    if isinstance(made, float) and isinstance(committed, float):
+        return made == pytest.approx(committed, rel=1e-9, abs=1e-300)
+    return made == committed
+
+
+def test_same_up_to_rounding_tells_a_changed_figure_from_a_rounding():
+    assert same_up_to_rounding({"a": [1.0000000000001, "x"]}, {"a": [1.0, "x"]})
+    assert not same_up_to_rounding({"a": [1.001, "x"]}, {"a": [1.0, "x"]})
+    assert not same_up_to_rounding({"a": 1.0, "b": 2}, {"a": 1.0})
+
+
 def test_the_refit_profile_is_what_refit_stages_makes_of_its_calibration(tmp_path):
     _script("refit_stages").refit(FINAL / "profile.json", tmp_path / "p.json", FINAL / "profile.samples.json")
-    assert json.loads((tmp_path / "p.json").read_text()) == json.loads((FINAL / "profile-refit.json").read_text())
+    assert same_up_to_rounding(json.loads((tmp_path / "p.json").read_text()),
+                               json.loads((FINAL / "profile-refit.json").read_text()))
 
 
 def test_the_releveled_profile_is_the_refit_one_with_the_gradient_add_measured_on_2026_11_25(tmp_path):
@@ -33,7 +52,7 @@ def test_the_releveled_profile_is_the_refit_one_with_the_gradient_add_measured_o
     made = json.loads((tmp_path / "p.json").read_text())
     committed = json.loads((FINAL / "profile-gradadd.json").read_text())
     made["meta"].pop("host_level"), committed["meta"].pop("host_level")  # it names its samples' path
-    assert made == committed and "host.grad_add_s" in committed["meta"]["carried_from_base"]
+    assert same_up_to_rounding(made, committed) and "host.grad_add_s" in committed["meta"]["carried_from_base"]
 
 
 def test_the_shipped_profile_is_what_compose_profile_makes_of_its_four_sources(tmp_path, monkeypatch):
@@ -45,4 +64,4 @@ def test_the_shipped_profile_is_what_compose_profile_makes_of_its_four_sources(t
     made = json.loads((tmp_path / "p.json").read_text())
     shipped = json.loads((ROOT / "parsim/profiles/default.json").read_text())
     made["meta"].pop("composed"), shipped["meta"].pop("composed")  # it names its output's path
-    assert made == shipped
+    assert same_up_to_rounding(made, shipped)
