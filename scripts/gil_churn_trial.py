@@ -42,10 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "data/interfaces/h200-2026-11-25-churn/with-experiment"
 
 
-def churn_points(folder: Path) -> tuple[list[tuple[int, float, float, float]], float]:
-    """[(threads, free_s, held_alone_s, per_iteration_s)] over the folder's churn runs (their mean), and K_SW. The
-    GIL-free part is one thread's iteration less its held work (the spin and what the foreign call costs)."""
-    runs = [json.loads(f.read_text())["results"] for f in sorted(folder.glob("gil-churn*.json"))]
+def churn_points(folder: Path, runs: str = "gil-churn*.json") -> tuple[list[tuple[int, float, float, float]], float]:
+    """[(threads, free_s, held_alone_s, per_iteration_s)] over the folder's churn runs (the files matching `runs`,
+    their mean), and K_SW. The GIL-free part is one thread's iteration less its held work (the spin and what the
+    foreign call costs)."""
+    runs = [json.loads(f.read_text())["results"] for f in sorted(folder.glob(runs))]
     points, stretch = [], []
     for key in runs[0]:
         n, f = runs[0][key]["threads"], runs[0][key]["free_us"]
