@@ -167,6 +167,10 @@ def test_ddp_beats_data_parallel_and_the_text_model_never_gains_from_data_parall
     assert figures["ddp_mlp_8gpus_speedup_ratio"] > 5
 
 
+def test_data_parallel_says_its_speedups_from_three_gpus_are_upper_bounds():
+    assert any("upper bounds" in a and "three threads" in a for a in data_parallel(_profile()).assumptions)
+
+
 def test_a_cpu_calibration_predicts_the_launch_experiment_and_says_why_not_the_rest():
     result = data_parallel(_profile(gil=dataclasses.replace(GIL, replicate_module_s=None)))
     assert "launch_threads8_speedup_ratio" in result.figures and not any(k.startswith("dp_") for k in result.figures)

@@ -66,6 +66,11 @@ def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
             **{f"launch_threads{n}_speedup_ratio": one / t for n, t in per_launch_s.items()}}
 
 
+GIL_GAP = ("known gap: on the lent H200 machines this GIL model predicts one and two threads' launches but is fast "
+           "from three threads on, where the GIL's drops turn into slow hand-offs (docs/model.md, the interfaces' "
+           "known gap); DataParallel's speedups over 3 or more GPUs are upper bounds")
+
+
 def gil_assumption(gil: GilCosts) -> str:
     """What the GIL model takes from the calibration, in one line."""
     (s0, c0), (s1, c1) = gil.wake[0], gil.wake[-1]
@@ -146,7 +151,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), f"GIL costs: {gil.source}")
+    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), GIL_GAP, f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
