@@ -134,13 +134,14 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
 def measure_data_parallel(device: torch.device, window_s: float | None = None, rounds: int | None = None,
                           calibrate: bool = False,
                           holds_s: tuple[float, ...] | None = None, crowd_holds_s: tuple[float, ...] | None = None,
-                          source: str = "") -> dict:
+                          source: str = "", gpus: int | None = None, tiny: bool = False) -> dict:
     """The GIL experiment: 1-8 threads launching small kernels for window_s, each on its own stream of one GPU
     (or CPU ops); `rounds` rounds, the counts taking turns (hw.gil's WINDOW_S and EXPERIMENT_ROUNDS unless
     given). With calibrate, the GIL's costs (hw.gil.gil_costs, holds_s and crowd_holds_s as there) are timed in
     the same rounds, apart from the experiment's points.
 
-    nn.DataParallel against DDP needs several GPUs and is not measured here yet."""
+    With gpus: nn.DataParallel against DDP too, over 1..gpus GPUs (hw.data_parallel: on the CPU gpus gloo
+    processes; tiny: a smoke test's sizes)."""
     from hw.gil import BLOCK, CROWD_HOLDS_S, ELEMENTS, EXPERIMENT_ROUNDS, HOLDS_S, WINDOW_S, gil_costs, launch_times
     from hw.hogwild import machine
     from parsim.scenarios.interfaces import LAUNCH_THREADS, launch_ratios
@@ -157,8 +158,22 @@ def measure_data_parallel(device: torch.device, window_s: float | None = None, r
         times = launch_times(device, LAUNCH_THREADS, window_s, rounds)
     raw = {"window_s": window_s, "rounds": rounds, "elements": ELEMENTS[device.type], "block": BLOCK,
            "machine_before": before, "machine_after": machine(), "times": {str(n): t for n, t in times.items()}}
-    return {"figures": launch_ratios({n: t["per_launch_s"] for n, t in times.items()}), "costs": costs,
-            "raw": raw | ({"calibration": calibration} if calibration else {})}
+    figures = launch_ratios({n: t["per_launch_s"] for n, t in times.items()})
+    if gpus:
+        figures, raw = _data_parallel_against_ddp(device, gpus, tiny, figures, raw)
+    return {"figures": figures, "costs": costs, "raw": raw | ({"calibration": calibration} if calibration else {})}
+
+
+def _data_parallel_against_ddp(device: torch.device, gpus: int, tiny: bool, figures: dict, raw: dict) -> tuple:
+    """The figures and raw record with nn.DataParallel's and DDP's step times over 1..gpus GPUs added."""
+    from hw import data_parallel
+
+    if device.type == "cuda":
+        require_gpus(gpus)
+    steps, rounds = (2, 1) if tiny else (data_parallel.STEPS, data_parallel.ROUNDS)
+    run = data_parallel.measure(tuple(range(1, gpus + 1)), device.type, steps, rounds, tiny)
+    return figures | run["figures"], raw | {"data_parallel_against_ddp": {"steps": steps, "rounds": rounds,
+                                                                          "step_s": run["raw"]}}
 
 
 def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float | None = None,
@@ -189,7 +204,7 @@ def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: f
 MEASURE = {"async": measure_async, "overlap": measure_overlap, "multi-gpu": measure_multi_gpu,
            "data-parallel": measure_data_parallel, "hogwild": measure_hogwild}
 TINY = {"async": {"n": 50, "elements": 16}, "overlap": {"n": 3, "size": 16}, "multi-gpu": {"n": 2, "size": 16},
-        "data-parallel": {"window_s": 0.01, "rounds": 2},
+        "data-parallel": {"window_s": 0.01, "rounds": 2, "tiny": True},
         "hogwild": {"spec": "1x16x8", "duration_s": 0.2, "rounds": 1, "counts": (1, 2)}}
 TINY_PROBES = {"data-parallel": {"holds_s": (0.0, 32e-6), "crowd_holds_s": (32e-6,)}, "hogwild": {}}  # --calibrate
 ON_ANY_MACHINE = ("data-parallel", "hogwild")  # they run on the CPU where no GPU is visible, at full size
@@ -201,6 +216,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="run on the CPU at tiny sizes (a smoke test)")
     parser.add_argument("--out", type=flags.path, metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--profile", type=flags.path, metavar="FILE", help="profile for the prediction shown beside it")
+    parser.add_argument("--gpus", type=flags.whole(1, 8), metavar="N",
+                        help="data-parallel: also measure nn.DataParallel against DDP over 1..N GPUs (N processes; "
+                             "with --cpu, N gloo processes at tiny sizes)")
     parser.add_argument("--calibrate", action="store_true",
                         help="data-parallel, hogwild: time the costs the prediction needs (the profile's gil, cpu "
                              "section) in the same rounds as the experiment, apart from its points, and predict "
@@ -212,6 +230,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.cpu and args.profile:
         raise ParsimError("--profile is for the prediction shown beside a full-size run; --cpu makes none")
+    if args.gpus and args.name != "data-parallel":
+        raise ParsimError(f"--gpus is for data-parallel (nn.DataParallel against DDP), not {args.name}")
     if args.calibrate and args.name not in CALIBRATED:
         raise ParsimError(f"--calibrate is for {' and '.join(CALIBRATED)}, whose costs are timed beside them; "
                           f"calibrate the others with `python -m hw calibrate`")
@@ -240,6 +260,8 @@ def _result(args: argparse.Namespace, gpu: bool, profile) -> dict:
             now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             sizes |= {"calibrate": True, "source": f"{_device_name(device)}, torch {torch.__version__}, "
                                                    f"python -m hw {' '.join(sys.argv[1:])}, {now}"}
+        if args.gpus:
+            sizes["gpus"] = args.gpus
         figures = MEASURE[args.name](device, **sizes)
         if "figures" in figures:  # the scenario kept its raw timings (and, with --calibrate, its costs) too
             figures, raw, costs = figures["figures"], figures["raw"], figures["costs"]

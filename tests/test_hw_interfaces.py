@@ -161,3 +161,54 @@ def test_measured_figures_pair_up_with_the_predicted_ones(name, tmp_path):
     rows = compare_figures(SCENARIOS[name](profile), doc["measured"])
     assert {figure for figure, *_ in rows} == set(doc["measured"])  # every measured figure has a prediction
     assert all(measured > 0 for _, _, measured, _ in rows)
+
+
+# --- nn.DataParallel against DDP (hw.data_parallel) -----------------------------------------------------------
+
+def _ddp_grads(rank, world, device):
+    """One rank's DDP gradients of the tiny MLP on its ceil(rows / world) rows (hw.workers.spawn's signature)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hw.data_parallel import build
+
+    model, rows, data = build("mlp", device, tiny=True)
+    torch.manual_seed(1)
+    x = data(rows)  # the same batch on every rank; each takes its share
+    share = x.chunk(world)[rank]
+    ddp = DistributedDataParallel(model, process_group=dist.group.WORLD)
+    ddp(share).float().sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_ddp_over_two_gloo_ranks_averages_the_gradients_of_one_process_on_the_whole_batch():
+    from hw.data_parallel import build
+    from hw.workers import spawn
+
+    per_rank = spawn(_ddp_grads, 2, (), "cpu", timeout_s=60)
+    model, rows, data = build("mlp", CPU, tiny=True)
+    torch.manual_seed(1)
+    model(data(rows)).float().sum().backward()
+    for got, other, want in zip(*per_rank, model.parameters()):
+        assert torch.equal(got, other)  # every rank holds the same, all-reduced gradients
+        assert torch.allclose(got * 2, want.grad, rtol=1e-4, atol=1e-5)  # DDP averages over its 2 ranks
+
+
+def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
+    from hw.data_parallel import measure
+
+    run = measure((1, 2, 3), "cpu", steps=2, rounds=2, tiny=True)
+    want = {f"{kind}_{name}_{n}gpus" for kind in ("dp", "ddp") for name in ("text", "mlp") for n in (1, 2, 3)}
+    assert set(run["raw"]) == want and all(len(v) == 4 for v in run["raw"].values())  # 2 steps x 2 rounds
+    assert {f"{k}_s" for k in want} == set(run["figures"]) and all(v > 0 for v in run["figures"].values())
+
+
+def test_scenario_gpus_adds_data_parallel_against_ddp_and_only_to_data_parallel(tmp_path):
+    out = tmp_path / "r.json"
+    result = _hw("scenario", "data-parallel", "--cpu", "--gpus", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert {"dp_mlp_2gpus_s", "ddp_text_2gpus_s"} <= doc["measured"].keys()
+    assert doc["raw"]["data_parallel_against_ddp"]["step_s"]["ddp_mlp_2gpus"]
+    refused = _hw("scenario", "hogwild", "--cpu", "--gpus", "2")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--gpus" in refused.stderr

@@ -1,0 +1,131 @@
+"""nn.DataParallel against DistributedDataParallel over 1-G GPUs, measured: the seed's claim that DDP wins because
+DataParallel's threads share one GIL (parsim's `data-parallel` scenario predicts the same figures).
+
+One process group of G ranks (a GPU each) does both, in turns: in every round each GPU count takes its turn, in
+an order shuffled by the round, DDP first or DataParallel first likewise. DDP runs on a subgroup of the first n
+ranks (the others wait); DataParallel runs in rank 0 alone over GPUs 0..n-1 while the others wait on a gloo barrier,
+so no NCCL kernel is spinning on a GPU it uses. A step is forward, a sum as the loss, and backward (no optimizer
+step, no data loading: as the model has it), timed between syncs of every GPU it uses; a point is the median of its
+steps over the rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hw.models import MlpBlock
+
+TEXT_BATCH = 30  # parsim.scenarios.interfaces.TEXT_BATCH: the text's nn.Linear(5, 2) on batches of 30
+MLP = (16, 2048, 8192)  # blocks, hidden, tokens: the MLP stack of parsim's scenario
+MODELS = ("text", "mlp")
+WARMUP = 3  # untimed steps before a turn's timed ones
+STEPS = 10  # timed steps a turn
+ROUNDS = 5  # turns of every point
+
+
+def build(name: str, device: torch.device, tiny: bool = False) -> tuple[nn.Module, int, Callable[[int], torch.Tensor]]:
+    """The model on `device` (seeded: every rank builds the same), its global batch, and an input of n rows."""
+    torch.manual_seed(0)
+    if name == "text":
+        with device:
+            return nn.Linear(5, 2), TEXT_BATCH, lambda n: torch.randn(n, 5, device=device)
+    blocks, hidden, tokens = (2, 16, 64) if tiny else MLP
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with device:  # initialised where it runs: a CPU init of the full stack takes seconds
+        model = nn.Sequential(*(MlpBlock(hidden) for _ in range(blocks))).to(dtype)
+    return model, tokens, lambda n: torch.randn(n, hidden, device=device, dtype=dtype)
+
+
+def timed_steps(step: Callable[[], None], devices: list[torch.device], steps: int) -> list[float]:
+    """Seconds of each of `steps` steps, after WARMUP untimed ones, every GPU in `devices` synced around each."""
+    def sync() -> None:
+        for d in devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
+    out = []
+    for k in range(WARMUP + steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        if k >= WARMUP:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+    return step
+
+
+def dp_step(name: str, n: int, rank_device: torch.device, tiny: bool) -> tuple[Callable[[], None], list]:
+    """nn.DataParallel over GPUs 0..n-1 (on the CPU: the module itself, as DataParallel does without GPUs), and
+    the devices a step uses."""
+    model, batch, data = build(name, rank_device, tiny)
+    if rank_device.type != "cuda":
+        return forward_backward(model, data(batch)), [rank_device]
+    wrapped = nn.DataParallel(model, device_ids=list(range(n)))
+    return forward_backward(wrapped, data(batch)), [torch.device("cuda", d) for d in range(n)]
+
+
+def ddp_step(name: str, n: int, group, rank_device: torch.device, tiny: bool) -> tuple[Callable[[], None], list]:
+    """DDP over the first n ranks (25 MiB buckets, its default), each with ceil(batch / n) rows; one rank: the
+    module alone."""
+    model, batch, data = build(name, rank_device, tiny)
+    if n > 1:
+        ids = [rank_device.index] if rank_device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids, process_group=group)
+    return forward_backward(model, data(math.ceil(batch / n))), [rank_device]
+
+
+def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...], names: tuple[str, ...],
+           steps: int, rounds: int, tiny: bool) -> dict:
+    """One rank's part (hw.workers.spawn): every (model, GPU count, interface) point's step times, in turns."""
+    groups = {n: dist.new_group(list(range(n))) for n in counts if n > 1}  # every rank makes every group
+    barrier = dist.new_group(backend="gloo")  # waits on the CPU, leaving the GPUs alone
+    times: dict[str, list[float]] = {}
+    built: dict[tuple, tuple] = {}  # each point's model, built at its first turn
+    for r in range(rounds):
+        order = [(kind, name, n) for name in names for n in counts for kind in ("ddp", "dp")]
+        random.Random(r).shuffle(order)  # the same order on every rank
+        for point in order:
+            kind, name, n = point
+            dist.barrier(group=barrier)
+            got = []
+            if (kind == "ddp" and rank < n) or (kind == "dp" and rank == 0):
+                if point not in built:
+                    built[point] = (ddp_step(name, n, groups.get(n), device, tiny) if kind == "ddp"
+                                    else dp_step(name, n, device, tiny))
+                got = timed_steps(*built[point], steps)
+            dist.barrier(group=barrier)
+            times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)
+    return times
+
+
+def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny: bool = False,
+            timeout_s: float = 120.0) -> dict:
+    """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times."""
+    from hw.workers import spawn
+
+    world = max(counts)
+    per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny), device, timeout_s=timeout_s,
+                     deadline_s=600.0)
+    figures, raw = {}, {}
+    for key in per_rank[0]:
+        runs = [r[key] for r in per_rank if r[key]]
+        slowest = [max(step) for step in zip(*runs)]  # DDP's step ends when its last rank's does
+        raw[key] = slowest
+        figures[f"{key}_s"] = statistics.median(slowest)
+    return {"figures": figures, "raw": raw}
