@@ -45,33 +45,31 @@ def deciles(values: list[float]) -> list[float]:
 
 
 def gil_events(events: list[tuple], mutex: str, take: int) -> tuple[list[tuple], list[tuple]]:
-    """Every take and drop of the GIL: (taken_ns, thread, waits, mutex_wait_ns, woke_ns or None) and
-    (dropped_ns, thread, signal_ns or None, mutex_wait_ns, signalled_at_ns or None), each in time order. A take runs from its lock's call
-    at the take site through its condition waits to its unlock (the GIL is held from there); a drop from its lock's
-    call at the other site to its unlock (the GIL free from there). Signals sent between a drop's lock and unlock
-    are the drop's."""
+    """Every take and drop of the GIL: (taken_ns, thread, waits, mutex_wait_ns) and (dropped_ns,
+    thread, signal_ns or None, mutex_wait_ns, signalled_at_ns or None), each in time order. A take runs from its
+    lock's call at the take site through its condition waits to its unlock (the GIL is held from there); a drop from
+    its lock's call at the other site to its unlock (the GIL free from there). Signals sent between a drop's lock and
+    unlock are the drop's."""
     per = defaultdict(list)
     for th, ns, kind, m, site in events:
         per[th].append((ns, kind, m, site))
     takes, drops = [], []
     for th, es in per.items():
-        state, start, locked, waits, woke, sig, sent = None, 0, 0, 0, None, None, None
+        state, start, locked, waits, sig, sent = None, 0, 0, 0, None, None
         for ns, kind, m, site in es:
             if m == mutex and kind == "l":
-                state, start, locked, waits, woke = ("take" if site == take else "drop"), ns, ns, 0, None
+                state, start, locked, waits = ("take" if site == take else "drop"), ns, ns, 0
                 sig = sent = None
             elif m == mutex and kind == "L" and state in ("take", "drop") and locked == start:
                 locked = ns
             elif m == mutex and kind == "W" and state == "take":
                 waits += 1
-            elif m == mutex and kind == "w" and state == "take":
-                woke = ns
             elif kind == "s" and state == "drop":
                 sig = ns
             elif kind == "S" and state == "drop" and sig is not None:
                 sig, sent = ns - sig, ns
             elif m == mutex and kind == "U" and state == "take":
-                takes.append((ns, th, waits, locked - start, woke))
+                takes.append((ns, th, waits, locked - start))
                 state = None
             elif m == mutex and kind == "U" and state == "drop":
                 drops.append((ns, th, sig, locked - start, sent))
@@ -83,7 +81,7 @@ def summarise(takes: list[tuple], drops: list[tuple], wakes: list[tuple], iterat
     """The point's figures (see the module's docstring). wakes: (woke_ns, thread, ended_in_take)."""
     drop_times = [d[0] for d in drops]
     gaps = defaultdict(list)
-    for ns, th, waits, _, _ in takes:
+    for ns, th, waits, _ in takes:
         i = bisect.bisect_left(drop_times, ns) - 1
         if i < 0:
             continue

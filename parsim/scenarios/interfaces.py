@@ -67,8 +67,9 @@ def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
 
 
 GIL_GAP = ("known gap: on the lent H200 machines this GIL model predicts one and two threads' launches but is fast "
-           "from three threads on, where the GIL's drops turn into slow hand-offs (docs/model.md, the interfaces' "
-           "known gap); DataParallel's speedups over 3 or more GPUs are upper bounds")
+           "from three threads on, where a thread that takes the GIL from another runs its Python several times "
+           "slower (docs/model.md, the interfaces' known gap); DataParallel's speedups over 3 or more GPUs are upper "
+           "bounds")
 
 
 def gil_assumption(gil: GilCosts) -> str:
