@@ -18,6 +18,7 @@ What it cannot measure here (fewer GPUs, no second node) is copied from --base a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import platform
@@ -383,11 +384,63 @@ def copy_links(device: torch.device, sizes: list[int]) -> tuple[dict[str, LinkSp
 
 # --- 5. GPU to GPU -----------------------------------------------------------------------------
 
-def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -> dict:
-    """Ping-pong between ranks 0 and 1 (one-way time = half the round trip); all-reduce over all."""
+BESIDE_ROUNDS = 5  # turns of the compute-beside-all-reduce probe's three timings
+BESIDE_PIECES = 16  # all-reduces of DDP's 25 MiB bucket in the probe (on the CPU: of 64 KiB)
+BESIDE_MATMULS = 40  # 4096^3 bf16 matmuls in its compute, ~3-4x the all-reduce on H100s over NVLink
+
+
+def _allreduce_beside(device: torch.device) -> dict[str, list[float]]:
+    """Seconds of a run of matmuls alone, of DDP-sized all-reduces alone and of both with the all-reduces issued first
+    on a stream of their own (as much overlap as the GPU allows), in turns; every rank runs each."""
     import torch.distributed as dist
 
-    out = {"p2p": [], "allreduce": [], "post_s": _p2p_host_s(rank, device)}
+    gpu = device.type == "cuda"
+    n, dtype = (4096, torch.bfloat16) if gpu else (64, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    pieces = [torch.ones((25 << 20 if gpu else 64 << 10) // 4, device=device) for _ in range(BESIDE_PIECES)]
+    side = torch.cuda.Stream(device) if gpu else None
+
+    def compute() -> None:
+        for _ in range(BESIDE_MATMULS):
+            a @ a
+
+    def reduce() -> None:
+        for piece in pieces:
+            dist.all_reduce(piece)
+
+    def beside() -> None:
+        if gpu:
+            side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side) if gpu else contextlib.nullcontext():
+            reduce()
+        compute()
+
+    out: dict[str, list[float]] = {"compute": [], "allreduce": [], "beside": []}
+    for k in range(BESIDE_ROUNDS + 1):  # the first round warms up
+        for name, run in (("compute", compute), ("allreduce", reduce), ("beside", beside)):
+            dist.barrier()
+            sync(device)
+            t0 = time.perf_counter()
+            run()
+            sync(device)  # a device-wide sync: the side stream too
+            if k:
+                out[name].append(time.perf_counter() - t0)
+    return out
+
+
+def compute_share(beside: dict[str, list[float]]) -> float:
+    """The share of an all-reduce's time that compute beside it loses, from _allreduce_beside's medians: (both -
+    compute alone) / all-reduce alone, within [0, 1]."""
+    m = {k: statistics.median(v) for k, v in beside.items()}
+    return min(1.0, max(0.0, (m["beside"] - m["compute"]) / m["allreduce"]))
+
+
+def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -> dict:
+    """Ping-pong between ranks 0 and 1 (one-way time = half the round trip); all-reduce over all, and beside
+    compute."""
+    import torch.distributed as dist
+
+    out = {"p2p": [], "allreduce": [], "post_s": _p2p_host_s(rank, device), "beside": _allreduce_beside(device)}
     for n in sizes:
         buf = torch.ones(max(n // 4, 1), device=device)
         for k in range(13):
@@ -454,8 +507,8 @@ def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, Coll
     b, t = medians(raw["allreduce"])
     ring = 2 * (world - 1) / world  # all-reduce time = latency + ring * n / busbw
     ar = fit_affine([ring * x for x in b], t)
-    return (LinkSpec(p2p.fixed_s, p2p.rate), CollectiveSpec(ar.fixed_s, ar.rate),
-            {"nvlink": p2p, "allreduce": ar}, raw)
+    return (LinkSpec(p2p.fixed_s, p2p.rate), CollectiveSpec(ar.fixed_s, ar.rate, compute_share=compute_share(
+            raw["beside"])), {"nvlink": p2p, "allreduce": ar}, raw)
 
 
 # --- the command --------------------------------------------------------------------------------

@@ -128,11 +128,17 @@ class RuntimeCosts:
 
 @dataclass(frozen=True)
 class CollectiveSpec:
-    """A ring all-reduce of n bytes over d GPUs: latency_s + 2(d-1)/d * n / busbw_Bps (NCCL's bus bandwidth)."""
+    """A ring all-reduce of n bytes over d GPUs: latency_s + 2(d-1)/d * n / busbw_Bps (NCCL's bus bandwidth).
+
+    compute_share: the share of an all-reduce's time that its GPUs' compute loses to it even when the two could
+    overlap (NCCL's kernels take SMs and memory bandwidth from the matmuls; `hw calibrate` on several GPUs: a step
+    alone against beside an all-reduce issued first on a stream of its own). 0 where unmeasured: full overlap.
+    """
 
     latency_s: float
     busbw_Bps: float
     measured: bool = True
+    compute_share: float = 0.0
 
     def allreduce_s(self, nbytes: float, ranks: int) -> float:
         if ranks < 2:
@@ -267,6 +273,9 @@ class Profile:
                 del costs["begin_s"]
         if not doc["host"]["grad_add_s"]:  # measured since 2026-11-25: absent in older profiles
             del doc["host"]["grad_add_s"]
+        for spec in doc["collectives"].values():  # measured since 2026-11-27: absent where it was not
+            if not spec["compute_share"]:
+                del spec["compute_share"]
         return doc
 
 
@@ -367,7 +376,9 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
         for kind, spec in _section(doc, "collectives", origin).items():
             where = f"{origin}.collectives.{kind}"
             collectives[kind] = CollectiveSpec(_number(spec, "latency_s", where, positive=False),
-                                               _number(spec, "busbw_Bps", where), _measured(spec, where))
+                                               _number(spec, "busbw_Bps", where), _measured(spec, where),
+                                               number(spec.get("compute_share", 0.0), f"{where}.compute_share",
+                                                      0.0, 1.0, ProfileError))
     runtimes = {}
     if "runtimes" in doc:
         for name, spec in _section(doc, "runtimes", origin).items():

@@ -42,6 +42,20 @@ def test_ddp_exposes_only_the_last_bucket_when_each_hides_behind_its_chunk(bucke
     assert step == pytest.approx(t_f + t_b + per_bucket)
 
 
+@pytest.mark.parametrize("buckets", [1, 4, 10])
+def test_an_allreduce_hidden_behind_the_backward_still_takes_its_share_of_the_compute(buckets):
+    """Each bucket's all-reduce (shorter than a backward chunk) overlaps the next chunk, and what it takes from the
+    compute beside it (compute_share of its time) comes after the backward on each GPU: the step ends at the later
+    of the compute's end and the last bucket's."""
+    t_f, t_b, share = 1.0, 2.0, 0.5
+    per_bucket = 0.5 * t_b / buckets
+    spec = CollectiveSpec(per_bucket, float("inf"), compute_share=share)
+    profile = dataclasses.replace(make_profile(), collectives={"allreduce": spec})
+    costs = [_stage(t_f, t_b, buckets * DDP_BUCKET_BYTES)]
+    step = simulate(build("gpipe", 1, 1), costs, profile, data_parallel=4).step_time_s
+    assert step == pytest.approx(t_f + t_b + max(share * buckets * per_bucket, per_bucket))
+
+
 def test_one_bucket_waits_for_the_whole_backward():
     profile = _with_allreduce(latency_s=0.0, busbw_Bps=1e9)
     grad = DDP_BUCKET_BYTES // 2

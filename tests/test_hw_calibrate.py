@@ -11,13 +11,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate import fit_affine, fitted_costs, host_costs, layer_costs, stretched  # noqa: E402
+from hw.calibrate import (BESIDE_ROUNDS, compute_share, fit_affine, fitted_costs, host_costs, layer_costs,  # noqa: E402
+                          stretched)
 from hw.calibrate_transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
 from hw.opcosts import LEAD_MARGIN, duty_lead_s, slowest_issue_s  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, model_from_spec, partitioned  # noqa: E402
+
+
+def test_compute_share_is_what_compute_loses_beside_an_all_reduce_over_the_all_reduce_alone():
+    assert compute_share({"compute": [10.0, 10.2], "allreduce": [4.0, 4.0], "beside": [12.6, 12.8]}) == \
+        pytest.approx(0.65)  # medians: (12.7 - 10.1) / 4
+    assert compute_share({"compute": [10.0], "allreduce": [4.0], "beside": [9.9]}) == 0.0  # hidden, not negative
+    assert compute_share({"compute": [10.0], "allreduce": [4.0], "beside": [15.0]}) == 1.0  # at most the all-reduce
 
 
 def _calibrate(*argv: str) -> subprocess.CompletedProcess:
@@ -34,6 +42,9 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert not profile.links["network"].measured and profile.provisional  # nothing measures a network here
     assert "allreduce" in profile.collectives and profile.host.launch_s > 0
     samples = json.loads((tmp_path / "p.samples.json").read_text())
+    # the all-reduce beside compute, in turns on every rank: what it takes from the compute, within [0, 1]
+    beside = samples["samples"]["gpu_links"]["beside"]
+    assert {len(v) for v in beside.values()} == {BESIDE_ROUNDS} and 0 <= profile.collectives["allreduce"].compute_share <= 1
     assert samples["samples"]["layers"] and samples["meta"]["fits"]["forward"]["r2"] <= 1
     assert "R^2" in r.stdout
     # gloo processes measured the posting cost; a CPU says nothing of a GPU node, so its size is carried

@@ -23,7 +23,8 @@ from parsim.workload import StageCost, Work
 CASES = [(runtime, name) for runtime in sorted(RUNTIMES) for name in RUNTIMES[runtime].schedules()]
 
 
-def _profile(latency_s: float, p2p_s: float, action_s: float, step_s: float, gpus_per_node: int = 64):
+def _profile(latency_s: float, p2p_s: float, action_s: float, step_s: float, gpus_per_node: int = 64,
+             share: float = 0.0):
     """Costs everywhere (links, host, a split backward's extra host time, the gradient adds a stage's first backward
     saves, an all-reduce), torch's and the graphed runtimes' host costs unlike hw's (the graphed ones with a
     gradient add), and nodes big enough that no link is shared."""
@@ -35,7 +36,7 @@ def _profile(latency_s: float, p2p_s: float, action_s: float, step_s: float, gpu
     graphs = RuntimeCosts(action_s * 0.4, p2p_s, layer_host=0.0, gpu_scale=0.9, gpu_fixed_scale=0.8,
                           accumulate_s=3e-6, accumulate_Bps=2e11, begin_s=step_s / 2)
     step = dataclasses.replace(graphs, action_s=0.0, step_s=step_s * 3 + 1e-5)
-    return dataclasses.replace(profile, host=host, collectives={"allreduce": CollectiveSpec(2e-5, 5e10)},
+    return dataclasses.replace(profile, host=host, collectives={"allreduce": CollectiveSpec(2e-5, 5e10, compute_share=share)},
                                runtimes={"torch": torch, "graphs": graphs, "graphs-step": step})
 
 
@@ -75,14 +76,14 @@ def _machine_ends(sim, schedule: Schedule) -> dict[tuple[int, Action], float]:
 @given(p=st.integers(1, 4), m=st.integers(1, 9), dp=st.sampled_from([1, 1, 2, 3]), copy=st.booleans(),
        times=st.lists(st.floats(1e-6, 1e-2), min_size=4, max_size=12), latency=st.sampled_from([0.0, 3e-6]),
        p2p=st.sampled_from([0.0, 4e-6]), action=st.sampled_from([0.0, 2e-5, 4e-4]),
-       step=st.sampled_from([0.0, 5e-5]))
+       step=st.sampled_from([0.0, 5e-5]), share=st.sampled_from([0.0, 0.6]))
 def test_the_walk_settles_every_op_as_the_machine_does(runtime, name, p, m, dp, copy, times, latency, p2p,
-                                                       action, step):
+                                                       action, step, share):
     schedule = _build(runtime, name, p, m)
     if schedule is None:
         return
     copy = copy and runtime == "hw"  # copy streams are hw's runner's
-    profile = RUNTIMES[runtime].costs(_profile(latency, p2p, action, step))
+    profile = RUNTIMES[runtime].costs(_profile(latency, p2p, action, step, share=share))
     costs = _costs(times, schedule.num_stages)
     validate(schedule, copy, check_deadlock=False)
     settled = settle_step(schedule, costs, profile, copy, dp, gradient_buckets(costs) if dp > 1 else None)

@@ -63,6 +63,18 @@ def test_malformed_profile_fails_with_a_message_naming_the_field(tmp_path, edit,
         load_profile(path)
 
 
+def test_an_allreduce_compute_share_round_trips_is_absent_where_unmeasured_and_stays_within_0_and_1():
+    profile = load_profile()
+    assert all("compute_share" not in c for c in profile.to_json()["collectives"].values())  # files stay as they were
+    spec = dataclasses.replace(profile.collectives["allreduce"], compute_share=0.67)
+    sharing = dataclasses.replace(profile, collectives={"allreduce": spec})
+    assert from_json(json.loads(json.dumps(sharing.to_json()))).collectives["allreduce"].compute_share == 0.67
+    doc = sharing.to_json()
+    doc["collectives"]["allreduce"]["compute_share"] = 1.5
+    with pytest.raises(ProfileError, match="compute_share"):
+        from_json(doc)
+
+
 def test_truncated_profile_says_it_may_be_truncated(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(_default_doc())[:200])

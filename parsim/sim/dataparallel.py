@@ -4,6 +4,8 @@ Replica r of a p-stage pipeline runs on GPUs r*p .. r*p+p-1. A stage's gradients
 buckets of DDP's default 25 MiB; bucket k's all-reduce starts once the k-th chunk of the stage's
 last backward is done on every replica, so it overlaps the rest of that backward, as DDP's hooks
 do. All-reduces of one group of GPUs share one stream, as NCCL runs them on one communicator.
+What an all-reduce takes from the compute beside it (the profile's compute_share of its time) is
+charged to each of its GPUs' compute streams after the compute queued there.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 
 from parsim.errors import ProfileError
 from parsim.sim.machine import Launch, Machine
-from parsim.sim.lower import Lowered
+from parsim.sim.lower import Lowered, compute_track
 from parsim.profile import CollectiveSpec, Profile
 from parsim.schedules import Schedule
 from parsim.workload import StageCost
@@ -44,10 +46,16 @@ def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[Sta
     for stage in reversed(range(schedule.num_stages)):  # backward reaches the last stages first
         group = [r * pp + schedule.stage_to_rank[stage] for r in range(dp)]
         n = buckets[stage]
-        seconds = allreduce_spec(profile, group).allreduce_s(costs[stage].grad_bytes / n, dp)
+        spec = allreduce_spec(profile, group)
+        seconds = spec.allreduce_s(costs[stage].grad_bytes / n, dp)
         track = "allreduce gpus " + ",".join(map(str, group))
         for k in range(n):
             op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm", issuers=dp)
             for replica, gpu in zip(replicas, group):
                 op.deps.append(replica.grad_chunks[stage][k])
                 hosts[f"host{gpu}"].steps.append(Launch(op, profile.host.p2p_s, profile.host.p2p_s))
+                if spec.compute_share:  # what the all-reduce takes from the compute it could overlap
+                    share = machine.op(compute_track(gpu), f"allreduce s{stage} bucket {k + 1}/{n}'s share",
+                                       spec.compute_share * seconds)
+                    share.deps.append(replica.grad_chunks[stage][k])
+                    hosts[f"host{gpu}"].steps.append(Launch(share, 0.0, 0.0))

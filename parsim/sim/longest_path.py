@@ -141,12 +141,13 @@ def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, d
 class _Host:
     """A rank's host thread and compute stream as the walk leaves them."""
 
-    __slots__ = ("gpu", "t", "busy", "track_ends", "chunk_ends")
+    __slots__ = ("gpu", "t", "busy", "free", "track_ends", "chunk_ends")
 
     def __init__(self, gpu: int) -> None:
         self.gpu = gpu
         self.t = 0.0  # the host's clock after its last launch
         self.busy = 0.0
+        self.free = 0.0  # when its compute stream's last op ends
         self.track_ends: list[float] = []  # ends of the last op it launched on each stream, for its final sync
         self.chunk_ends: dict[int, list[float]] = {}  # stage -> ends of its last gradient action's bucket chunks
 
@@ -326,7 +327,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dic
             continue
         channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
         _drain(channel, work)
-    host.t, host.busy = t, busy
+    host.t, host.busy, host.free = t, busy, free
     host.track_ends.append(free)
 
 
@@ -397,13 +398,20 @@ def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, ho
         group = tuple(r * pp + schedule.stage_to_rank[stage] for r in range(data_parallel))
         chunk_ends = [hosts[g].chunk_ends[stage] for g in group]
         n = len(chunk_ends[0])
-        seconds = allreduce_spec(profile, list(group)).allreduce_s(costs[stage].grad_bytes / n, data_parallel)
+        spec = allreduce_spec(profile, list(group))
+        seconds = spec.allreduce_s(costs[stage].grad_bytes / n, data_parallel)
         for k in range(n):
             avail = 0.0
-            for g in group:
+            for g, ends in zip(group, chunk_ends):
                 if hosts[g].t + p2p_s > avail:
                     avail = hosts[g].t + p2p_s
                 hosts[g].t += p2p_s
+                if spec.compute_share:  # its share of the compute, after what that stream has queued
+                    h = hosts[g]
+                    start = max(h.free, h.t, ends[k])
+                    h.free = start + spec.compute_share * seconds
+                    h.busy += h.free - start  # as the machine counts it: end less start
+                    h.track_ends.append(h.free)
             ready = free.get(group, 0.0)
             if avail > ready:
                 ready = avail
