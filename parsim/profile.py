@@ -131,8 +131,9 @@ class CollectiveSpec:
     """A ring all-reduce of n bytes over d GPUs: latency_s + 2(d-1)/d * n / busbw_Bps (NCCL's bus bandwidth).
 
     compute_share: the share of an all-reduce's time that its GPUs' compute loses to it even when the two could
-    overlap (NCCL's kernels take SMs and memory bandwidth from the matmuls; `hw calibrate` on several GPUs: a step
-    alone against beside an all-reduce issued first on a stream of its own). 0 where unmeasured: full overlap.
+    overlap (NCCL's kernels take SMs and memory bandwidth from the matmuls; `hw calibrate` on several GPUs times
+    matmuls alone, all-reduces alone and both, the all-reduces issued first on a stream of their own). 0 where
+    unmeasured: full overlap.
     """
 
     latency_s: float
