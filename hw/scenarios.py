@@ -168,8 +168,6 @@ def _data_parallel_against_ddp(device: torch.device, gpus: int, tiny: bool, figu
     """The figures and raw record with nn.DataParallel's and DDP's step times over 1..gpus GPUs added."""
     from hw import data_parallel
 
-    if device.type == "cuda":
-        require_gpus(gpus)
     steps, rounds = (2, 1) if tiny else (data_parallel.STEPS, data_parallel.ROUNDS)
     run = data_parallel.measure(tuple(range(1, gpus + 1)), device.type, steps, rounds, tiny)
     return figures | run["figures"], raw | {"data_parallel_against_ddp": {"steps": steps, "rounds": rounds,
@@ -232,6 +230,8 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError("--profile is for the prediction shown beside a full-size run; --cpu makes none")
     if args.gpus and args.name != "data-parallel":
         raise ParsimError(f"--gpus is for data-parallel (nn.DataParallel against DDP), not {args.name}")
+    if args.gpus and not args.cpu:
+        require_gpus(args.gpus)  # now, not after the GIL experiment (the full-size models need the GPUs)
     if args.calibrate and args.name not in CALIBRATED:
         raise ParsimError(f"--calibrate is for {' and '.join(CALIBRATED)}, whose costs are timed beside them; "
                           f"calibrate the others with `python -m hw calibrate`")

@@ -212,3 +212,6 @@ def test_scenario_gpus_adds_data_parallel_against_ddp_and_only_to_data_parallel(
     assert doc["raw"]["data_parallel_against_ddp"]["step_s"]["ddp_mlp_2gpus"]
     refused = _hw("scenario", "hogwild", "--cpu", "--gpus", "2")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--gpus" in refused.stderr
+    if not torch.cuda.is_available():  # full size needs the GPUs: refused before anything runs
+        refused = _hw("scenario", "data-parallel", "--gpus", "2")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--cpu" in refused.stderr
