@@ -411,7 +411,6 @@ def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, ho
                     start = max(h.free, h.t, ends[k])
                     h.free = start + spec.compute_share * seconds
                     h.busy += h.free - start  # as the machine counts it: end less start
-                    h.track_ends.append(h.free)
             ready = free.get(group, 0.0)
             if avail > ready:
                 ready = avail
@@ -424,4 +423,4 @@ def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, ho
             free[group] = e
     for group, e in free.items():
         for g in group:
-            hosts[g].track_ends.append(e)
+            hosts[g].track_ends += (e, hosts[g].free)  # the all-reduces' stream; compute with their shares
