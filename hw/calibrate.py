@@ -18,7 +18,6 @@ What it cannot measure here (fewer GPUs, no second node) is copied from --base a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import platform
@@ -41,6 +40,7 @@ from parsim.files import check_output
 from parsim.profile import (AUTOGRAD_ACCUMULATE, CollectiveSpec, HostCosts, KernelCost, LayerCosts, LinkSpec, OpCost,
                             Profile, ResidentComm, RuntimeCosts, load_profile, samples_path, save_profile)
 from parsim.scenarios import with_op_costs
+from parsim.sim.dataparallel import DDP_BUCKET_BYTES
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
 POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
@@ -394,10 +394,12 @@ def _allreduce_beside(device: torch.device) -> dict[str, list[float]]:
     on a stream of their own (as much overlap as the GPU allows), in turns; every rank runs each."""
     import torch.distributed as dist
 
+    from hw.data_parallel import beside
+
     gpu = device.type == "cuda"
     n, dtype = (4096, torch.bfloat16) if gpu else (64, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
-    pieces = [torch.ones((25 << 20 if gpu else 64 << 10) // 4, device=device) for _ in range(BESIDE_PIECES)]
+    pieces = [torch.ones((DDP_BUCKET_BYTES if gpu else 64 << 10) // 4, device=device) for _ in range(BESIDE_PIECES)]
     side = torch.cuda.Stream(device) if gpu else None
 
     def compute() -> None:
@@ -408,16 +410,12 @@ def _allreduce_beside(device: torch.device) -> dict[str, list[float]]:
         for piece in pieces:
             dist.all_reduce(piece)
 
-    def beside() -> None:
-        if gpu:
-            side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side) if gpu else contextlib.nullcontext():
-            reduce()
-        compute()
+    def both() -> None:
+        beside(reduce, compute, side)
 
     out: dict[str, list[float]] = {"compute": [], "allreduce": [], "beside": []}
     for k in range(BESIDE_ROUNDS + 1):  # the first round warms up
-        for name, run in (("compute", compute), ("allreduce", reduce), ("beside", beside)):
+        for name, run in (("compute", compute), ("allreduce", reduce), ("beside", both)):
             dist.barrier()
             sync(device)
             t0 = time.perf_counter()

@@ -11,6 +11,7 @@ steps over the rounds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
@@ -61,6 +62,16 @@ def timed_steps(step: Callable[[], None], devices: list[torch.device], steps: in
         if k >= WARMUP:
             out.append(time.perf_counter() - t0)
     return out
+
+
+def beside(collective: Callable[[], None], compute: Callable[[], None], side: torch.cuda.Stream | None) -> None:
+    """`collective` issued first on the stream `side`, then `compute` on the current one: as much overlap as the GPU
+    allows (without a side stream, on the CPU: one after the other)."""
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(side.device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        collective()
+    compute()
 
 
 def forward_backward(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -114,6 +125,11 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
     return times
 
 
+def slowest_steps(per_rank: list[dict[str, list[float]]], key: str) -> list[float]:
+    """Step by step, the slowest of the ranks that timed `key` (a step across ranks ends when its last rank's does)."""
+    return [max(step) for step in zip(*(r[key] for r in per_rank if r.get(key)))]
+
+
 def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny: bool = False,
             timeout_s: float = 120.0) -> dict:
     """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times."""
@@ -124,8 +140,6 @@ def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny:
                      deadline_s=600.0)
     figures, raw = {}, {}
     for key in per_rank[0]:
-        runs = [r[key] for r in per_rank if r[key]]
-        slowest = [max(step) for step in zip(*runs)]  # DDP's step ends when its last rank's does
-        raw[key] = slowest
+        slowest = raw[key] = slowest_steps(per_rank, key)
         figures[f"{key}_s"] = statistics.median(slowest)
     return {"figures": figures, "raw": raw}

@@ -77,8 +77,21 @@ def gil_events(events: list[tuple], mutex: str, take: int) -> tuple[list[tuple],
     return sorted(takes), sorted(drops)
 
 
+def signals_of(drops: list[tuple]) -> list[tuple[int, int]]:
+    """(returned_ns, thread) of every drop's signal, in time order."""
+    return sorted((d[4], d[1]) for d in drops if d[4] is not None)
+
+
+def signal_before(signals: list[tuple[int, int]], ns: int, th: int) -> int | None:
+    """When the last signal by another thread than `th` before `ns` returned, or None."""
+    i = bisect.bisect_left(signals, (ns,)) - 1
+    while i >= 0 and signals[i][1] == th:
+        i -= 1
+    return signals[i][0] if i >= 0 else None
+
+
 def summarise(takes: list[tuple], drops: list[tuple], wakes: list[tuple], iterations: int) -> dict:
-    """The point's figures (see the module's docstring). wakes: (woke_ns, thread, ended_in_take)."""
+    """The point's figures (see the module's docstring). wakes: wake_ends's."""
     drop_times = [d[0] for d in drops]
     gaps = defaultdict(list)
     for ns, th, waits, _ in takes:
@@ -88,15 +101,12 @@ def summarise(takes: list[tuple], drops: list[tuple], wakes: list[tuple], iterat
         dropper = drops[i][1]
         kind = "retake" if dropper == th else ("woken" if waits else "barge")
         gaps[kind].append(ns - drops[i][0])
-    signals = sorted((d[4], d[1]) for d in drops if d[4] is not None)
-    signal_times = [s[0] for s in signals]
+    signals = signals_of(drops)
     wake = defaultdict(list)
     for ns, th, won, _ in wakes:
-        i = bisect.bisect_left(signal_times, ns) - 1
-        while i >= 0 and signals[i][1] == th:
-            i -= 1
-        if i >= 0:
-            wake["won" if won else "futile"].append(ns - signals[i][0])
+        sent = signal_before(signals, ns, th)
+        if sent is not None:
+            wake["won" if won else "futile"].append(ns - sent)
     per = max(iterations, 1)
     return {"per_iteration": {**{f"takes_{k}": len(v) / per for k, v in gaps.items()},
                               **{f"wakes_{k}": len(v) / per for k, v in wake.items()},
@@ -127,15 +137,12 @@ def wake_ends(events: list[tuple], mutex: str, take: int) -> list[tuple]:
 def wake_samples(drops: list[tuple], wakes: list[tuple], keep: int = 1500) -> list[tuple[float, float, int]]:
     """Per wake (at most `keep`, evenly spread): how long its thread had slept when the last signal by another
     thread before the wake returned, the wake's latency after that signal (both us), and 1 if it took the GIL."""
-    signals = sorted((d[4], d[1]) for d in drops if d[4] is not None)
-    times = [s[0] for s in signals]
+    signals = signals_of(drops)
     out = []
     for ns, th, won, slept_from in wakes:
-        i = bisect.bisect_left(times, ns) - 1
-        while i >= 0 and signals[i][1] == th:
-            i -= 1
-        if i >= 0 and signals[i][0] >= slept_from:
-            out.append((round((signals[i][0] - slept_from) / 1e3, 2), round((ns - signals[i][0]) / 1e3, 2), int(won)))
+        sent = signal_before(signals, ns, th)
+        if sent is not None and sent >= slept_from:
+            out.append((round((sent - slept_from) / 1e3, 2), round((ns - sent) / 1e3, 2), int(won)))
     step = max(1, len(out) // keep)
     return out[::step][:keep]
 

@@ -15,7 +15,6 @@ the all-reduce takes.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
@@ -28,12 +27,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
-from hw.data_parallel import build, forward_backward, timed_steps  # noqa: E402
+from hw.data_parallel import beside, build, forward_backward, slowest_steps, timed_steps  # noqa: E402
 from hw.workers import spawn  # noqa: E402
+from parsim.sim.dataparallel import DDP_BUCKET_BYTES  # noqa: E402
 
 COUNTS = (2, 4)
 MODES = ("ddp", "no_sync", "allreduce", "beside")
-BUCKET_BYTES = 25 * 2**20
 STEPS = 10
 
 
@@ -64,7 +63,7 @@ def worker(rank: int, world: int, device: torch.device, rounds: int, tiny: bool)
                                            dtype=next(model.parameters()).dtype, device=device)
                         alone, _, _ = build("mlp", device, tiny)  # no DDP: its hooks sit on `model`'s parameters
                         plain = forward_backward(alone, data(math.ceil(rows / n)))
-                        built[n] = (step, module, flat.split(BUCKET_BYTES // flat.element_size()), plain)
+                        built[n] = (step, module, flat.split(DDP_BUCKET_BYTES // flat.element_size()), plain)
                     step, module, pieces, plain = built[n]
                     devices = [device]
                     if mode == "ddp":
@@ -78,11 +77,7 @@ def worker(rank: int, world: int, device: torch.device, rounds: int, tiny: bool)
                         got = timed_steps(lambda: reduce(pieces, groups[n]), devices, STEPS)
                     else:  # the plain module's step with the all-reduce beside it on a stream of its own
                         def both(pieces=pieces, group=groups[n], plain=plain):
-                            if gpu:
-                                side.wait_stream(torch.cuda.current_stream(device))
-                            with torch.cuda.stream(side) if gpu else contextlib.nullcontext():
-                                reduce(pieces, group)
-                            plain()
+                            beside(lambda: reduce(pieces, group), plain, side)
                         got = timed_steps(both, devices, STEPS)  # a device-wide sync: the side stream too
                     times.setdefault(f"{mode}:{n}", []).extend(got)
                 dist.barrier(group=barrier)
@@ -97,8 +92,7 @@ def main() -> None:
     per_rank = spawn(worker, world, (rounds, not gpu), "cuda" if gpu else "cpu", timeout_s=120, deadline_s=400)
     results = {}
     for key in per_rank[0]:
-        runs = [r[key] for r in per_rank if key in r]
-        slowest = [max(s) for s in zip(*runs)]
+        slowest = slowest_steps(per_rank, key)
         results[key] = {"median_s": statistics.median(slowest), "steps_s": slowest}
         print(f"{key:12} {statistics.median(slowest) * 1e3:8.3f} ms (median of {len(slowest)} steps)", flush=True)
     out.write_text(json.dumps({"command": "python scripts/ddp_overlap.py " + " ".join(sys.argv[1:]),
