@@ -31,6 +31,8 @@ MODELS = ("text", "mlp")
 WARMUP = 3  # untimed steps before a turn's timed ones
 STEPS = 10  # timed steps a turn
 ROUNDS = 5  # turns of every point
+CALLS = ("scatter", "parallel_apply", "gather", "reduce_add")  # DataParallel's calls: parsim.profile.GilCosts.calls
+PROBE_ROWS, PROBE_WIDTH = 64, 64  # call_probes' tensor: neither scenario model's
 
 
 def build(name: str, device: torch.device, tiny: bool = False) -> tuple[nn.Module, int, Callable[[int], torch.Tensor]]:
@@ -101,27 +103,70 @@ def ddp_step(name: str, n: int, group, rank_device: torch.device, tiny: bool) ->
     return forward_backward(model, data(math.ceil(batch / n))), [rank_device]
 
 
+def call_probes(n: int) -> dict[str, Callable[[], object]]:
+    """nn.DataParallel's own calls over GPUs 0..n-1, each on a probe tensor and module of its own (not the scenario's
+    models), for what each costs the host (`CALLS`): scatter and gather (forward; Gather's backward is a scatter too),
+    parallel_apply over identity replicas (its threads' cost, no forward in them) and the gradients' reduction onto
+    GPU 0 (Broadcast's backward, one chunk)."""
+    from torch.nn.parallel import comm, parallel_apply, replicate
+    from torch.nn.parallel.scatter_gather import gather, scatter_kwargs
+
+    ids = list(range(n))
+    x = torch.randn(PROBE_ROWS, PROBE_WIDTH, device="cuda:0")
+    inputs, kwargs = scatter_kwargs((x,), {}, ids)
+    replicas = replicate(nn.Identity().to("cuda:0"), ids)
+    outputs = [torch.randn(PROBE_ROWS // n, PROBE_WIDTH, device=f"cuda:{d}", requires_grad=True) for d in ids]
+    grads = [[torch.ones(PROBE_WIDTH, device=f"cuda:{d}")] for d in ids]
+    return {"scatter": lambda: scatter_kwargs((x,), {}, ids),
+            "parallel_apply": lambda: parallel_apply(replicas, inputs, kwargs, ids),
+            "gather": lambda: gather(outputs, 0),
+            "reduce_add": lambda: comm.reduce_add_coalesced(grads, 0)}
+
+
+def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.device], repeat: int) -> dict:
+    """Each call's host time (the call alone, every GPU synced before it, not timed after it), `repeat` times each,
+    the calls taking turns."""
+    out: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(WARMUP + repeat):
+        for name, call in calls.items():
+            for d in devices:
+                torch.cuda.synchronize(d)
+            t0 = time.perf_counter()
+            call()
+            out[name].append(time.perf_counter() - t0)
+    return {name: t[WARMUP:] for name, t in out.items()}
+
+
 def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...], names: tuple[str, ...],
-           steps: int, rounds: int, tiny: bool) -> dict:
-    """One rank's part (hw.workers.spawn): every (model, GPU count, interface) point's step times, in turns."""
+           steps: int, rounds: int, tiny: bool, calls: bool = False) -> dict:
+    """One rank's part (hw.workers.spawn): every (model, GPU count, interface) point's step times, in turns; with
+    calls (GPUs only), DataParallel's calls over each count of 2+ GPUs too, timed by rank 0 in the same turns."""
     groups = {n: dist.new_group(list(range(n))) for n in counts if n > 1}  # every rank makes every group
     barrier = dist.new_group(backend="gloo")  # waits on the CPU, leaving the GPUs alone
     times: dict[str, list[float]] = {}
     built: dict[tuple, tuple] = {}  # each point's model, built at its first turn
+    probed = [("calls", "probe", n) for n in counts if n > 1] if calls else []
     for r in range(rounds):
-        order = [(kind, name, n) for name in names for n in counts for kind in ("ddp", "dp")]
+        order = [(kind, name, n) for name in names for n in counts for kind in ("ddp", "dp")] + probed
         random.Random(r).shuffle(order)  # the same order on every rank
         for point in order:
             kind, name, n = point
             dist.barrier(group=barrier)
-            got = []
-            if (kind == "ddp" and rank < n) or (kind == "dp" and rank == 0):
+            got: list[float] | dict = []
+            if kind == "calls" and rank == 0:
+                got = timed_calls(built.setdefault(point, call_probes(n)),
+                                  [torch.device("cuda", d) for d in range(n)], steps)
+            elif (kind == "ddp" and rank < n) or (kind == "dp" and rank == 0):
                 if point not in built:
                     built[point] = (ddp_step(name, n, groups.get(n), device, tiny) if kind == "ddp"
                                     else dp_step(name, n, device, tiny))
                 got = timed_steps(*built[point], steps)
             dist.barrier(group=barrier)
-            times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)
+            if kind == "calls":
+                for call, t in (got or {c: [] for c in CALLS}).items():
+                    times.setdefault(f"call_{call}_{n}gpus", []).extend(t)
+            else:
+                times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)
     return times
 
 
@@ -131,15 +176,22 @@ def slowest_steps(per_rank: list[dict[str, list[float]]], key: str) -> list[floa
 
 
 def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny: bool = False,
-            timeout_s: float = 120.0) -> dict:
-    """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times."""
+            timeout_s: float = 120.0, calls: bool = False) -> dict:
+    """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times; with calls
+    (on GPUs), DataParallel's calls' median host times by GPU count (`GilCosts.calls`) timed in the same turns."""
     from hw.workers import spawn
 
     world = max(counts)
-    per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny), device, timeout_s=timeout_s,
+    calls = calls and device == "cuda"
+    per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny, calls), device, timeout_s=timeout_s,
                      deadline_s=600.0)
-    figures, raw = {}, {}
+    figures, raw, medians = {}, {}, {}
     for key in per_rank[0]:
         slowest = raw[key] = slowest_steps(per_rank, key)
-        figures[f"{key}_s"] = statistics.median(slowest)
-    return {"figures": figures, "raw": raw}
+        if key.startswith("call_"):
+            medians[key] = statistics.median(slowest)
+        else:
+            figures[f"{key}_s"] = statistics.median(slowest)
+    timed = {c: tuple((n, medians[f"call_{c}_{n}gpus"]) for n in counts if f"call_{c}_{n}gpus" in medians)
+             for c in CALLS}
+    return {"figures": figures, "raw": raw, "calls": {c: t for c, t in timed.items() if t}}

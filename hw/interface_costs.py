@@ -47,7 +47,9 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
     print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {released}; waking a thread whose core slept "
           + ", ".join(f"{s * 1e6:.0f} us: {c * 1e6:.1f} us" for s, c in gil.wake)
           + f"; {gil.cores} cores; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
-          + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else ""))
+          + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else "")
+          + f"; beyond their launches a module call {gil.module_call_s * 1e6:.1f} us, loss.backward() "
+            f"{gil.backward_call_s * 1e6:.1f} us; a small matmul's launch {gil.matmul_launch_s * 1e6:.1f} us")
     print(crowd_line(gil, gil_raw))
     print(f"CPU ({before['cpu']}): {cpu.cores} cores, core speed (the Hogwild step) "
           + ", ".join(f"{n}: {s:.2f}" for n, s in sorted(cpu.core_speed.items()))

@@ -166,7 +166,12 @@ class GilCosts:
     issued from C++, by TorchScript; None: not measured, all of it held). wake: (slept_s, cost_s) pairs: what
     waking a thread whose CPU core has been idle slept_s costs the thread that wakes it, from two threads
     launching with the GIL held longer per launch (`parsim.sim.gil.wake_points`). cores: the CPU cores the
-    process may use. DataParallel's Python costs beside them: a thread started and joined, one module replicated.
+    process may use. DataParallel's Python costs beside them: a thread started and joined, one module replicated,
+    and (measured on 2+ GPUs) its own calls' host time by GPU count, `calls`: name -> ((gpus, seconds), ...) rising,
+    for scatter, parallel_apply (its threads alone), gather and reduce_add (hw.data_parallel.call_probes).
+    A plain step's host costs beyond an elementwise launch's (hw.gil.step_host_costs; None where not measured,
+    before 2026-11-27): calling a module (module_call_s), loss.backward() (backward_call_s) and a small matrix
+    product's launch (matmul_launch_s).
     """
 
     launch_s: float
@@ -176,6 +181,10 @@ class GilCosts:
     cores: int | None = None
     replicate_module_s: float | None = None
     source: str = ""
+    calls: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    module_call_s: float | None = None
+    backward_call_s: float | None = None
+    matmul_launch_s: float | None = None
 
     @property
     def held_s(self) -> float:
@@ -269,6 +278,10 @@ class Profile:
         for key in ("gil", "cpu", "gpu_memory_bytes", "resident_comm"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
                 del doc[key]
+        if "gil" in doc:  # measured since 2026-11-27 (calls on 2+ GPUs only): absent where not
+            for key in ("calls", "module_call_s", "backward_call_s", "matmul_launch_s"):
+                if doc["gil"][key] in ({}, None):
+                    del doc["gil"][key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
             if not costs["begin_s"]:
                 del costs["begin_s"]
@@ -445,7 +458,25 @@ def _gil(doc: dict, where: str) -> GilCosts:
     return GilCosts(launch, _number(doc, "thread_s", where, positive=False), released, points,
                     None if doc.get("cores") is None else _whole(doc, "cores", where),
                     None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
-                    str(doc.get("source", "")))
+                    str(doc.get("source", "")), _calls(doc.get("calls", {}), f"{where}.calls"),
+                    *(None if doc.get(k) is None else _number(doc, k, where, positive=False)
+                      for k in ("module_call_s", "backward_call_s", "matmul_launch_s")))
+
+
+def _calls(doc: Any, where: str) -> dict[str, tuple[tuple[int, float], ...]]:
+    """DataParallel's calls' host times: name -> [[gpus, seconds], ...], at most one time per GPU count."""
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where} must map call names to [gpus, seconds] pairs, got {doc!r}")
+    out = {}
+    for name, points in doc.items():
+        if not isinstance(points, list) or not points or not all(isinstance(q, list) and len(q) == 2 for q in points):
+            raise ProfileError(f"{where}.{name} must be a list of [gpus, seconds] pairs, got {points!r}")
+        at = f"{where}.{name}"
+        pairs = sorted((_whole({"gpus": g}, "gpus", at), _number({"host_s": t}, "host_s", at)) for g, t in points)
+        if len({g for g, _ in pairs}) < len(pairs):
+            raise ProfileError(f"{where}.{name} gives one GPU count twice: {points!r}")
+        out[str(name)] = tuple(pairs)
+    return out
 
 
 def _resident_comm(doc: dict, where: str) -> ResidentComm:

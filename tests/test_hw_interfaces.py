@@ -56,12 +56,21 @@ def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
     assert costs.launch_s > 0 and costs.thread_s > 0 and costs.cores >= 1
     assert costs.released_s is None or 0 <= costs.released_s <= costs.launch_s
     assert costs.replicate_module_s is None  # replicate needs a GPU
+    assert costs.module_call_s >= 0 and costs.backward_call_s >= 0 and costs.matmul_launch_s > 0  # any device
     assert len(costs.wake) == 2 and costs.wake[1][0] > 40e-6  # the core slept a whole launch and its hold
     assert {(h["threads"], h["hold_s"]) for h in raw["holds"]} == {(1, 0.0), (2, 0.0), (1, 40e-6), (2, 40e-6),
                                                                    (8, 40e-6)}
     assert all(len(h["rounds"]) == 2 for h in raw["holds"])
     (crowd,) = raw["crowd"]  # eight threads: each sleeper idles seven launches of the others
     assert raw["crowd_threads"] == 8 and crowd["hold_s"] == 40e-6 and crowd["slept_s"] > 6 * 40e-6
+
+
+def test_step_host_costs_time_a_module_call_and_a_backward_call_beyond_their_launches_and_a_matmul():
+    from hw.gil import step_host_costs
+
+    module_call, backward_call, matmul = step_host_costs(CPU, launch_s=0.0, repeat=20)
+    assert module_call > 0 and backward_call > 0 and matmul > 0
+    assert step_host_costs(CPU, launch_s=1.0, repeat=5)[:2] == (0.0, 0.0)  # never below nothing
 
 
 def test_a_tiny_hogwild_moves_the_shared_parameters():
@@ -197,10 +206,20 @@ def test_ddp_over_two_gloo_ranks_averages_the_gradients_of_one_process_on_the_wh
 def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
     from hw.data_parallel import measure
 
-    run = measure((1, 2, 3), "cpu", steps=2, rounds=2, tiny=True)
+    run = measure((1, 2, 3), "cpu", steps=2, rounds=2, tiny=True, calls=True)
     want = {f"{kind}_{name}_{n}gpus" for kind in ("dp", "ddp") for name in ("text", "mlp") for n in (1, 2, 3)}
     assert set(run["raw"]) == want and all(len(v) == 4 for v in run["raw"].values())  # 2 steps x 2 rounds
     assert {f"{k}_s" for k in want} == set(run["figures"]) and all(v > 0 for v in run["figures"].values())
+    assert run["calls"] == {}  # DataParallel's calls are GPU calls: not timed on the CPU
+
+
+def test_timed_calls_take_turns_after_a_warmup_and_keep_each_calls_times():
+    from hw.data_parallel import WARMUP, timed_calls
+
+    order = []
+    got = timed_calls({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, [], 3)
+    assert order == ["a", "b"] * (WARMUP + 3)
+    assert set(got) == {"a", "b"} and all(len(t) == 3 and min(t) >= 0 for t in got.values())
 
 
 def test_scenario_gpus_adds_data_parallel_against_ddp_and_only_to_data_parallel(tmp_path):

@@ -89,11 +89,43 @@ def gil_assumption(gil: GilCosts) -> str:
 
 # --- nn.DataParallel against DistributedDataParallel ------------------------------------------------
 
+def step_calls_assumption(gil: GilCosts) -> str:
+    """How a plain step's module call, backward call and small matmuls are priced, in one line (both interfaces
+    alike; neither carries hw's runner's per-step cost, and zero_grad is left out)."""
+    if gil.module_call_s is gil.backward_call_s is gil.matmul_launch_s is None:
+        return ("a module call, loss.backward() and a small matmul cost the host an elementwise launch each (their "
+                "own costs not measured: profiles before 2026-11-27); zero_grad is left out")
+    what = {"a module call": gil.module_call_s, "loss.backward() (autograd's set-up and hand-off to its device "
+            "thread)": gil.backward_call_s}
+    parts = [f"{name} {t * 1e6:.1f} us" if t is not None else f"{name} nothing (not measured)"
+             for name, t in what.items()]
+    matmul = (f"{gil.matmul_launch_s * 1e6:.1f} us" if gil.matmul_launch_s is not None
+              else "an elementwise launch's (not measured)")
+    return (f"beyond an elementwise launch, {' and '.join(parts)} of host time; a small matmul's launch {matmul}; "
+            "timed on one-op probes; the MLP stack's layer costs include their own; zero_grad is left out")
+
+
+def calls_assumption(gil: GilCosts) -> str:
+    """How DataParallel's own calls are priced, in one line: as timed on this machine's GPUs, or as launches."""
+    if not gil.calls:
+        return ("DataParallel's calls not timed (they need 2+ GPUs: `python -m hw scenario data-parallel --gpus N "
+                "--calibrate`): each scatter and gather copy a launch, each thread a plain thread's start and join, "
+                "the gradients' reduction a launch")
+    counts = sorted({g for points in gil.calls.values() for g, _ in points})
+    top = {name: max(points)[1] for name, points in gil.calls.items()}
+    return (f"DataParallel's calls cost the host what hw timed them at {counts[0]}-{counts[-1]} GPUs on probe tensors "
+            f"(at {counts[-1]}: " + ", ".join(f"{name} {t * 1e6:.0f} us" for name, t in sorted(top.items()))
+            + "), linear between GPU counts and along the last two beyond; the reduction as one call of one chunk")
+
+
 def _text_replica(profile: Profile, batch: int) -> Replica:
-    """The text's model, nn.Linear(5, 2) in float32: one matmul forward, weight and bias gradients backward."""
-    launch_s, matmul = need_host(profile, "launch_s"), need_kernel(profile, "matmul")
+    """The text's model, nn.Linear(5, 2) in float32: a module call and a matmul forward, the weight gradient's
+    matmul and the bias gradient's sum backward (a matmul's launch as timed, else an elementwise op's)."""
+    launch_s, matmul, gil = need_host(profile, "launch_s"), need_kernel(profile, "matmul"), need_gil(profile)
+    mm_launch_s = gil.matmul_launch_s or launch_s
     mm_s = matmul.time_s(2.0 * batch * 5 * 2)
-    layer = StageCost(Work(mm_s, launch_s, 1), Work(0.0, 0.0, 1), Work(2 * mm_s, 2 * launch_s, 1),
+    layer = StageCost(Work(mm_s, (gil.module_call_s or 0.0) + mm_launch_s, 1), Work(0.0, 0.0, 1),
+                      Work(2 * mm_s, mm_launch_s + launch_s, 1),
                       send_bytes=batch * 2 * 4, stash_bytes=batch * 5 * 4, grad_bytes=(5 * 2 + 2) * 4)
     return Replica((layer,), batch * 5 * 4, modules=2)
 
@@ -108,14 +140,15 @@ def _model_replica(model: Model, profile: Profile) -> Replica:
 def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
     """DDP over `gpus` processes: the whole replica as one stage, its gradients all-reduced in DDP's buckets.
 
-    Its forward's host time includes a launch for the loss and one for the backward call, as DataParallel's does."""
+    Its forward's host time includes a launch for the loss and the backward call (a launch and autograd's set-up),
+    as DataParallel's does; neither carries hw's runner's per-action or per-step costs (a plain step has no runner)."""
     layers = replica.layers
-    loss_and_call = Work(0.0, 2 * need_host(profile, "launch_s"), 0)
+    loss_and_call = Work(0.0, 2 * need_host(profile, "launch_s") + (need_gil(profile).backward_call_s or 0.0), 0)
     stage = StageCost(sum((c.forward for c in layers), loss_and_call),
                       sum((c.backward_input for c in layers), Work(0.0, 0.0, 0)),
                       sum((c.backward_weight for c in layers), Work(0.0, 0.0, 0)),
                       layers[-1].send_bytes, sum(c.stash_bytes for c in layers), sum(c.grad_bytes for c in layers))
-    bare = dataclasses.replace(profile, host=dataclasses.replace(profile.host, action_s=0.0))
+    bare = dataclasses.replace(profile, host=dataclasses.replace(profile.host, action_s=0.0, step_s=0.0))
     return simulate(gpipe(1, 1), [stage], bare, data_parallel=gpus).step_time_s
 
 
@@ -152,7 +185,8 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), GIL_GAP, f"GIL costs: {gil.source}")
+    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil), calls_assumption(gil), GIL_GAP,
+                                    f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)

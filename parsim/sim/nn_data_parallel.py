@@ -9,6 +9,7 @@ in autograd's device threads, one per GPU, in C++ without the GIL, except the Py
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from parsim.errors import ProfileError
@@ -55,6 +56,17 @@ class _Python:
         return GilLaunch(op, host_s * self.held_share, host_s * (1 - self.held_share))
 
 
+def call_s(costs: GilCosts, name: str, gpus: int, unmeasured: float) -> float:
+    """DataParallel's call `name` over `gpus` GPUs, as `hw` timed it: linear between the measured GPU counts, along
+    the last two beyond them, the nearest with one; `unmeasured` where it was not timed (a one-GPU calibration)."""
+    points = sorted(tuple(q) for q in costs.calls.get(name, ()))
+    if len(points) < 2:
+        return points[0][1] if points else unmeasured
+    i = min(max(bisect_left([g for g, _ in points], gpus), 1), len(points) - 1)
+    (g0, t0), (g1, t1) = points[i - 1], points[i]
+    return max(t0 + (t1 - t0) * (gpus - g0) / (g1 - g0), 0.0)
+
+
 def _signal(m: Machine, label: str) -> Op:
     """A zero-length op on a track of its own: a host issuing it lets a host syncing on it go on."""
     return m.op(f"signal {label}", label, 0.0)
@@ -72,12 +84,18 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     link = profile.links["nvlink"]
     param_bytes = sum(c.grad_bytes for c in replica.layers)
 
+    # DataParallel's calls, each over all GPUs, as timed (else a launch per copy, a thread's start and join)
+    copies = max(gpus - 1, 1)
+    scatter_s = call_s(costs, "scatter", gpus, copies * launch_s) / copies  # per copy
+    gather_s = call_s(costs, "gather", gpus, copies * launch_s) / copies
+    thread_s = call_s(costs, "parallel_apply", gpus, gpus * costs.thread_s) / gpus  # per thread
+
     # 1. scatter the batch from GPU 0, 2. replicate: broadcast the parameters, rebuild each module per replica
     inputs: dict[int, list[Op]] = {0: []}
     if gpus > 1:
         for d in range(1, gpus):
             copy = m.op(f"link 0->{d}", f"scatter to gpu{d}", link.time_s(replica.in_bytes), category="comm")
-            main.steps.append(python(copy, launch_s))
+            main.steps.append(python(copy, scatter_s))
             inputs[d] = [copy]
         broadcast = m.op("nccl", "replicate: broadcast parameters",
                          coll.latency_s + param_bytes / coll.busbw_Bps, category="comm")
@@ -91,7 +109,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
         thread = main
         if gpus > 1:
             start = _signal(m, f"start thread{d}")
-            main.steps.append(GilLaunch(start, costs.thread_s, 0.0))
+            main.steps.append(GilLaunch(start, thread_s, 0.0))
             thread = gil_thread(m, f"thread{d}", gil)
             thread.steps.append(Sync((start,)))
         last_forward[d] = _forward(m, thread, python, replica, d, inputs[d])
@@ -107,15 +125,16 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     for d in range(1, gpus):
         copy = m.op(f"link {d}->0", f"gather from gpu{d}", link.time_s(out_bytes), category="comm")
         copy.deps.append(last_forward[d])
-        main.steps.append(python(copy, launch_s))
+        main.steps.append(python(copy, gather_s))
         gathered.append(copy)
     loss = m.op("gpu0 compute", "loss", 0.0)
     loss.deps += gathered
     main.steps.append(python(loss, launch_s))
     called = _signal(m, "backward called")
-    main.steps.append(python(called, launch_s))  # loss.backward(): the call, then the engine's threads take over
-    done = _backward(m, gil, python, replica, gpus, (loss, called), launch_s, coll, param_bytes,
-                     link.time_s(out_bytes))
+    # loss.backward(): the call (the seed gradient's launch, autograd's set-up), then the engine's threads take over
+    main.steps.append(python(called, launch_s + (costs.backward_call_s or 0.0)))
+    done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, call_s(costs, "reduce_add", gpus,
+                     launch_s)), coll, param_bytes, link.time_s(out_bytes))
     main.steps.append(Sync((done,)))
     return m.run()
 
@@ -132,18 +151,20 @@ def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, g
 
 
 def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int, start: tuple[Op, Op],
-              launch_s: float, coll: CollectiveSpec | None, param_bytes: int, grad_copy_s: float) -> Op:
+              host: tuple[float, float], coll: CollectiveSpec | None, param_bytes: int, grad_copy_s: float) -> Op:
     """Autograd's device threads, from the backward call on: GPU 0's scatters the output gradient (Gather's
     backward, Python), each runs its replica's backward in C++, then GPU 0's reduces the parameter gradients
-    (Broadcast's backward, Python). `start`: the loss's op and the call's signal."""
+    (Broadcast's backward, Python). `start`: the loss's op and the call's signal; `host`: the scatter's host time
+    per copy and the reduction's."""
     loss, called = start
+    scatter_s, reduce_s = host
     threads = [gil_thread(m, f"autograd gpu{d}", gil) for d in range(gpus)]
     threads[0].steps.append(Sync((called,)))
     first: dict[int, list[Op]] = {0: [loss]}
     for d in range(1, gpus):
         copy = m.op(f"link 0->{d}", f"grad to gpu{d}", grad_copy_s, category="comm")
         copy.deps.append(loss)
-        threads[0].steps.append(python(copy, launch_s))
+        threads[0].steps.append(python(copy, scatter_s))
         first[d] = [copy]
     ready = _signal(m, "output gradient scattered")
     threads[0].steps.append(GilLaunch(ready, 0.0, 0.0))
@@ -166,5 +187,5 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
     reduce = m.op("nccl", "reduce parameter gradients to gpu0", coll.latency_s + param_bytes / coll.busbw_Bps,
                   category="comm")
     reduce.deps += last
-    threads[0].steps += [Sync(tuple(finished)), python(reduce, launch_s)]
+    threads[0].steps += [Sync(tuple(finished)), python(reduce, reduce_s)]
     return reduce
