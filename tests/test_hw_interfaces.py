@@ -213,6 +213,21 @@ def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
     assert run["calls"] == {}  # DataParallel's calls are GPU calls: not timed on the CPU
 
 
+@pytest.mark.parametrize("call", ["scatter", "parallel_apply", "gather", "reduce_add"])
+def test_every_call_hw_times_is_one_the_model_prices(call):
+    """hw.data_parallel.CALLS and parsim's DataParallel step name the same calls: a call timed dearer than the model
+    would otherwise charge makes the step over two GPUs longer."""
+    from hw.data_parallel import CALLS
+    from parsim.scenarios.interfaces import _text_replica
+    from parsim.sim.nn_data_parallel import data_parallel_step_s
+
+    assert call in CALLS and len(CALLS) == 4
+    profile = load_profile()
+    dear = dataclasses.replace(profile, gil=dataclasses.replace(profile.gil, calls={call: ((2, 0.01),)}))
+    replica = _text_replica(profile, 15)
+    assert data_parallel_step_s(replica, 2, dear) > data_parallel_step_s(replica, 2, profile) + 0.009
+
+
 def test_timed_calls_take_turns_after_a_warmup_and_keep_each_calls_times():
     from hw.data_parallel import WARMUP, timed_calls
 
