@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hw.models import MlpBlock
+from hw.opcosts import sync_all
 
 TEXT_BATCH = 30  # parsim.scenarios.interfaces.TEXT_BATCH: the text's nn.Linear(5, 2) on batches of 30
 MLP = (16, 2048, 8192)  # blocks, hidden, tokens: the MLP stack of parsim's scenario
@@ -50,17 +51,12 @@ def build(name: str, device: torch.device, tiny: bool = False) -> tuple[nn.Modul
 
 def timed_steps(step: Callable[[], None], devices: list[torch.device], steps: int) -> list[float]:
     """Seconds of each of `steps` steps, after WARMUP untimed ones, every GPU in `devices` synced around each."""
-    def sync() -> None:
-        for d in devices:
-            if d.type == "cuda":
-                torch.cuda.synchronize(d)
-
     out = []
     for k in range(WARMUP + steps):
-        sync()
+        sync_all(devices)
         t0 = time.perf_counter()
         step()
-        sync()
+        sync_all(devices)
         if k >= WARMUP:
             out.append(time.perf_counter() - t0)
     return out
@@ -129,8 +125,7 @@ def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.devi
     out: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(WARMUP + repeat):
         for name, call in calls.items():
-            for d in devices:
-                torch.cuda.synchronize(d)
+            sync_all(devices)
             t0 = time.perf_counter()
             call()
             out[name].append(time.perf_counter() - t0)
@@ -163,7 +158,7 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
                 got = timed_steps(*built[point], steps)
             dist.barrier(group=barrier)
             if kind == "calls":
-                for call, t in (got or {c: [] for c in CALLS}).items():
+                for call, t in (got or {}).items():
                     times.setdefault(f"call_{call}_{n}gpus", []).extend(t)
             else:
                 times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -15,6 +15,12 @@ from parsim.profile import KernelCost
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def sync_all(devices: Iterable[torch.device]) -> None:
+    """Wait for every one of `devices` (the CPU's nothing to wait for)."""
+    for d in devices:
+        sync(d)
 
 
 def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 20, warmup: int = 3) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from hw.measure import Config, Job, measure_jobs
-from hw.opcosts import sync
+from hw.opcosts import sync, sync_all
 from hw.workers import require_gpus
 from parsim import flags
 from parsim.errors import ParsimError
@@ -110,8 +110,7 @@ def measure_multi_gpu(device: torch.device, n: int = 50, size: int = 4000, repea
         for _ in range(n):
             for x in xs[:k]:
                 x.mm(x)
-        for d in devices[:k]:
-            torch.cuda.synchronize(d)
+        sync_all(devices[:k])
 
     one, many = _timed(lambda: run(1), device, repeat), _timed(lambda: run(count), device, repeat)
     return {"one_gpu_s": one, "all_gpus_s": many, "all_over_one_ratio": many / one}

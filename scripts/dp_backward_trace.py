@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.data_parallel import build  # noqa: E402
+from hw.opcosts import sync_all  # noqa: E402
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemcpyAsync")
 
@@ -66,14 +67,12 @@ def main() -> None:
         for _ in range(2):
             net.zero_grad(set_to_none=True)
             loss = net(x).float().sum()
-            for d in devs:
-                torch.cuda.synchronize(d)
+            sync_all(devs)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 t = time.perf_counter()
                 loss.backward()
                 called = time.perf_counter() - t
-                for d in devs:
-                    torch.cuda.synchronize(d)
+                sync_all(devs)
                 wall = time.perf_counter() - t
             t0 = min(e.time_range.start for e in prof.events())
             runs.append({"call_ms": called * 1e3, "wall_ms": wall * 1e3} | summary(prof, t0))

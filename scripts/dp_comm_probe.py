@@ -19,15 +19,14 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.data_parallel import build  # noqa: E402
+from hw.opcosts import sync_all  # noqa: E402
 
 
 def timed(fn, devices) -> float:
-    for d in devices:
-        torch.cuda.synchronize(d)
+    sync_all(devices)
     t0 = time.perf_counter()
     fn()
-    for d in devices:
-        torch.cuda.synchronize(d)
+    sync_all(devices)
     return time.perf_counter() - t0
 
 

@@ -29,14 +29,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
 from hw.data_parallel import TEXT_BATCH, build  # noqa: E402
+from hw.opcosts import sync_all  # noqa: E402
 from hw.workers import spawn  # noqa: E402
 
 ROUNDS = 10
-
-
-def sync_all(devices: list[torch.device]) -> None:
-    for d in devices:
-        torch.cuda.synchronize(d)
 
 
 def stamp(devices: list[torch.device], synced: bool) -> float:

@@ -209,7 +209,7 @@ def test_ddp_beats_data_parallel_and_the_text_model_never_gains_from_data_parall
 @pytest.mark.parametrize("model", ["text", "mlp"])
 def test_on_one_gpu_data_parallel_and_ddp_price_the_same_plain_step_without_hws_runner(model):
     """Measured, the two differ by DataParallel's scatter alone; hw's runner's per-step cost (host.step_s, a fitted
-    intercept: 0 to 0.37 ms on three calibrations of one machine kind) is no part of a plain step."""
+    intercept: 0 to 0.37 ms on five calibrations of one machine kind) is no part of a plain step."""
     p = _profile(gil=dataclasses.replace(GIL, backward_call_s=150e-6), bandwidth_Bps=300e9, latency_s=5e-6)
     runner = dataclasses.replace(p, host=dataclasses.replace(p.host, step_s=300e-6))
     figures = data_parallel(p).figures

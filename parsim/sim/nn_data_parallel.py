@@ -89,6 +89,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     scatter_s = call_s(costs, "scatter", gpus, copies * launch_s) / copies  # per copy
     gather_s = call_s(costs, "gather", gpus, copies * launch_s) / copies
     thread_s = call_s(costs, "parallel_apply", gpus, gpus * costs.thread_s) / gpus  # per thread
+    reduce_s = call_s(costs, "reduce_add", gpus, launch_s)
 
     # 1. scatter the batch from GPU 0, 2. replicate: broadcast the parameters, rebuild each module per replica
     inputs: dict[int, list[Op]] = {0: []}
@@ -133,8 +134,8 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     called = _signal(m, "backward called")
     # loss.backward(): the call (the seed gradient's launch, autograd's set-up), then the engine's threads take over
     main.steps.append(python(called, launch_s + (costs.backward_call_s or 0.0)))
-    done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, call_s(costs, "reduce_add", gpus,
-                     launch_s)), coll, param_bytes, link.time_s(out_bytes))
+    done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, reduce_s), coll, param_bytes,
+                     link.time_s(out_bytes))
     main.steps.append(Sync((done,)))
     return m.run()
 
