@@ -32,8 +32,14 @@ MODELS = ("text", "mlp")
 WARMUP = 3  # untimed steps before a turn's timed ones
 STEPS = 10  # timed steps a turn
 ROUNDS = 5  # turns of every point
-CALLS = ("scatter", "parallel_apply", "gather", "reduce_add")  # DataParallel's calls: parsim.profile.GilCosts.calls
+# DataParallel's calls as parsim.profile.GilCosts.calls holds them: each timed on one probe tensor (one chunk), and
+# the coalesced two's cost per further chunk, from the same call on CHUNKS tensors of CHUNK_BYTES (a chunk each);
+# and a probe model's backward over 1..N GPUs (autograd's device threads together: BackwardProbe)
+CALLS = ("scatter", "parallel_apply", "gather", "broadcast", "reduce_add", "broadcast_chunk", "reduce_add_chunk",
+         "backward")
+CHUNKS, CHUNK_BYTES = 8, 6 << 20  # over half torch's 10 MiB coalescing buffer: no two tensors share a chunk
 PROBE_ROWS, PROBE_WIDTH = 64, 64  # call_probes' tensor: neither scenario model's
+PROBE_BLOCKS = 16  # BackwardProbe's MLP blocks a GPU (of PROBE_WIDTH, on PROBE_ROWS rows): ~160 small kernels each
 
 
 def build(name: str, device: torch.device, tiny: bool = False) -> tuple[nn.Module, int, Callable[[int], torch.Tensor]]:
@@ -99,32 +105,82 @@ def ddp_step(name: str, n: int, group, rank_device: torch.device, tiny: bool) ->
     return forward_backward(model, data(math.ceil(batch / n))), [rank_device]
 
 
+class BackwardProbe:
+    """One backward over GPUs 0..n-1 of a probe model (PROBE_BLOCKS small MLP blocks on each GPU, their losses summed
+    on GPU 0), which autograd runs in a device thread per GPU at once, as it runs DataParallel's replicas' backward;
+    prepare() runs the forward (not timed)."""
+
+    def __init__(self, n: int):
+        from hw.models import MlpBlock
+
+        self.models = [nn.Sequential(*(MlpBlock(PROBE_WIDTH) for _ in range(PROBE_BLOCKS))).to(f"cuda:{d}")
+                       for d in range(n)]
+        self.inputs = [torch.randn(PROBE_ROWS, PROBE_WIDTH, device=f"cuda:{d}") for d in range(n)]
+        self.loss: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        self.loss = sum(m(x).sum().to("cuda:0") for m, x in zip(self.models, self.inputs))
+
+    def __call__(self) -> None:
+        self.loss.backward()
+        self.loss = None
+
+
 def call_probes(n: int) -> dict[str, Callable[[], object]]:
-    """nn.DataParallel's own calls over GPUs 0..n-1, each on a probe tensor and module of its own (not the scenario's
-    models), for what each costs the host (`CALLS`): scatter and gather (forward; Gather's backward is a scatter too),
-    parallel_apply over identity replicas (its threads' cost, no forward in them) and the gradients' reduction onto
-    GPU 0 (Broadcast's backward, one chunk)."""
+    """nn.DataParallel's own calls over GPUs 0..n-1, each on probe tensors and a module of its own (not the
+    scenario's models), for what each costs the host: scatter and gather (forward; Gather's backward is a scatter
+    too), parallel_apply over identity replicas (its threads' cost, no forward in them), replicate's broadcast of
+    the parameters and the gradients' reduction onto GPU 0 (Broadcast's backward), these two on one chunk and
+    (`<name>_x<CHUNKS>`) on CHUNKS chunks; and a probe model's backward over the n GPUs (one GPU: that alone)."""
     from torch.nn.parallel import comm, parallel_apply, replicate
     from torch.nn.parallel.scatter_gather import gather, scatter_kwargs
 
+    if n == 1:
+        return {"backward": BackwardProbe(1)}
     ids = list(range(n))
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH, device="cuda:0")
     inputs, kwargs = scatter_kwargs((x,), {}, ids)
     replicas = replicate(nn.Identity().to("cuda:0"), ids)
     outputs = [torch.randn(PROBE_ROWS // n, PROBE_WIDTH, device=f"cuda:{d}", requires_grad=True) for d in ids]
     grads = [[torch.ones(PROBE_WIDTH, device=f"cuda:{d}")] for d in ids]
+    chunked = [[torch.ones(CHUNK_BYTES // 4, device=f"cuda:{d}") for _ in range(CHUNKS)] for d in ids]
     return {"scatter": lambda: scatter_kwargs((x,), {}, ids),
             "parallel_apply": lambda: parallel_apply(replicas, inputs, kwargs, ids),
             "gather": lambda: gather(outputs, 0),
-            "reduce_add": lambda: comm.reduce_add_coalesced(grads, 0)}
+            "broadcast": lambda: comm.broadcast_coalesced([x], ids),
+            "reduce_add": lambda: comm.reduce_add_coalesced(grads, 0),
+            f"broadcast_x{CHUNKS}": lambda: comm.broadcast_coalesced(chunked[0], ids),
+            f"reduce_add_x{CHUNKS}": lambda: comm.reduce_add_coalesced(chunked, 0),
+            "backward": BackwardProbe(n)}
+
+
+def call_costs(medians: dict[str, float], counts: tuple[int, ...]) -> dict[str, tuple[tuple[int, float], ...]]:
+    """GilCosts.calls from the probes' median host times ("call_<probe>_<n>gpus"): each call by GPU count, and a
+    coalesced call's cost per further chunk, (its time on CHUNKS chunks - on one) / (CHUNKS - 1), at least 0."""
+    def at(probe: str, n: int) -> float | None:
+        return medians.get(f"call_{probe}_{n}gpus")
+
+    out = {}
+    for call in CALLS:
+        name, per_chunk = call.removesuffix("_chunk"), call.endswith("_chunk")
+        points = []
+        for n in counts:
+            one, many = at(name, n), at(f"{name}_x{CHUNKS}", n)
+            if one is not None and (not per_chunk or many is not None):
+                points.append((n, max((many - one) / (CHUNKS - 1), 0.0) if per_chunk else one))
+        if points:
+            out[call] = tuple(points)
+    return out
 
 
 def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.device], repeat: int) -> dict:
     """Each call's host time (the call alone, every GPU synced before it, not timed after it), `repeat` times each,
-    the calls taking turns."""
+    the calls taking turns; a call with a prepare() has it run first, untimed."""
     out: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(WARMUP + repeat):
         for name, call in calls.items():
+            if hasattr(call, "prepare"):
+                call.prepare()
             sync_all(devices)
             t0 = time.perf_counter()
             call()
@@ -135,12 +191,13 @@ def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.devi
 def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...], names: tuple[str, ...],
            steps: int, rounds: int, tiny: bool, calls: bool = False) -> dict:
     """One rank's part (hw.workers.spawn): every (model, GPU count, interface) point's step times, in turns; with
-    calls (GPUs only), DataParallel's calls over each count of 2+ GPUs too, timed by rank 0 in the same turns."""
+    calls (GPUs only), DataParallel's calls over each count of 2+ GPUs and a probe's backward over each count too,
+    timed by rank 0 in the same turns."""
     groups = {n: dist.new_group(list(range(n))) for n in counts if n > 1}  # every rank makes every group
     barrier = dist.new_group(backend="gloo")  # waits on the CPU, leaving the GPUs alone
     times: dict[str, list[float]] = {}
     built: dict[tuple, tuple] = {}  # each point's model, built at its first turn
-    probed = [("calls", "probe", n) for n in counts if n > 1] if calls else []
+    probed = [("calls", "probe", n) for n in counts] if calls else []
     for r in range(rounds):
         order = [(kind, name, n) for name in names for n in counts for kind in ("ddp", "dp")] + probed
         random.Random(r).shuffle(order)  # the same order on every rank
@@ -187,6 +244,4 @@ def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny:
             medians[key] = statistics.median(slowest)
         else:
             figures[f"{key}_s"] = statistics.median(slowest)
-    timed = {c: tuple((n, medians[f"call_{c}_{n}gpus"]) for n in counts if f"call_{c}_{n}gpus" in medians)
-             for c in CALLS}
-    return {"figures": figures, "raw": raw, "calls": {c: t for c, t in timed.items() if t}}
+    return {"figures": figures, "raw": raw, "calls": call_costs(medians, counts)}

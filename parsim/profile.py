@@ -168,7 +168,9 @@ class GilCosts:
     launching with the GIL held longer per launch (`parsim.sim.gil.wake_points`). cores: the CPU cores the
     process may use. DataParallel's Python costs beside them: a thread started and joined, one module replicated,
     and (measured on 2+ GPUs) its own calls' host time by GPU count, `calls`: name -> ((gpus, seconds), ...) rising,
-    for scatter, parallel_apply (its threads alone), gather and reduce_add (hw.data_parallel.call_probes).
+    for scatter, parallel_apply (its threads alone), gather, broadcast and reduce_add (one chunk each), the last two's
+    cost per further chunk (broadcast_chunk, reduce_add_chunk) and a probe model's backward over 1..N GPUs
+    (backward: autograd's device threads together; hw.data_parallel.call_probes).
     A plain step's host costs beyond an elementwise launch's (hw.gil.step_host_costs; None where not measured,
     before 2026-11-27): calling a module (module_call_s), loss.backward() (backward_call_s) and a small matrix
     product's launch (matmul_launch_s).

@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -213,19 +215,36 @@ def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
     assert run["calls"] == {}  # DataParallel's calls are GPU calls: not timed on the CPU
 
 
-@pytest.mark.parametrize("call", ["scatter", "parallel_apply", "gather", "reduce_add"])
+@pytest.mark.parametrize("call", ["scatter", "parallel_apply", "gather", "broadcast", "reduce_add", "broadcast_chunk",
+                                  "reduce_add_chunk", "backward"])
 def test_every_call_hw_times_is_one_the_model_prices(call):
     """hw.data_parallel.CALLS and parsim's DataParallel step name the same calls: a call timed dearer than the model
-    would otherwise charge makes the step over two GPUs longer."""
+    would otherwise charge makes the step of an MLP stack (many chunks) over two GPUs longer (the probe's backward:
+    dearer over two GPUs than over one)."""
     from hw.data_parallel import CALLS
-    from parsim.scenarios.interfaces import _text_replica
+    from parsim.scenarios.interfaces import _model_replica
     from parsim.sim.nn_data_parallel import data_parallel_step_s
+    from parsim.workload import mlp_model
 
-    assert call in CALLS and len(CALLS) == 4
+    assert call in CALLS and len(CALLS) == 8
     profile = load_profile()
-    dear = dataclasses.replace(profile, gil=dataclasses.replace(profile.gil, calls={call: ((2, 0.01),)}))
-    replica = _text_replica(profile, 15)
+    timed = ((1, 1e-3), (2, 0.1)) if call == "backward" else ((2, 0.01),)
+    dear = dataclasses.replace(profile, gil=dataclasses.replace(profile.gil, calls={call: timed}))
+    replica = _model_replica(mlp_model(2, 2048, 64), profile)
     assert data_parallel_step_s(replica, 2, dear) > data_parallel_step_s(replica, 2, profile) + 0.009
+
+
+def test_a_coalesced_calls_cost_per_further_chunk_is_its_many_chunk_time_less_its_one_chunk_time_spread():
+    from hw.data_parallel import CHUNKS, call_costs
+
+    medians = {"call_scatter_2gpus": 1e-4, "call_broadcast_2gpus": 2e-4, f"call_broadcast_x{CHUNKS}_2gpus": 9e-4,
+               "call_broadcast_3gpus": 3e-4, f"call_broadcast_x{CHUNKS}_3gpus": 2e-4,  # noise: never below 0
+               "call_reduce_add_2gpus": 4e-4}  # no many-chunk time: no per-chunk cost
+    calls = call_costs(medians, (1, 2, 3))
+    assert calls["scatter"] == ((2, 1e-4),) and calls["reduce_add"] == ((2, 4e-4),)
+    assert calls["broadcast"] == ((2, 2e-4), (3, 3e-4))
+    assert calls["broadcast_chunk"] == ((2, pytest.approx(7e-4 / (CHUNKS - 1))), (3, 0.0))
+    assert "reduce_add_chunk" not in calls and not any(name.endswith(f"_x{CHUNKS}") for name in calls)
 
 
 def test_timed_calls_take_turns_after_a_warmup_and_keep_each_calls_times():
@@ -249,3 +268,18 @@ def test_scenario_gpus_adds_data_parallel_against_ddp_and_only_to_data_parallel(
     if not torch.cuda.is_available():  # full size needs the GPUs: refused before anything runs
         refused = _hw("scenario", "data-parallel", "--gpus", "2")
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--cpu" in refused.stderr
+
+
+@given(st.lists(st.integers(0, 24 << 20), max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_reduce_add_coalesced_chunks_as_torchs_own_take_tensors_does(sizes):
+    """parsim's chunking of the gradients' reduction is torch's (torch.nn.parallel.comm's _take_tensors, one dtype,
+    the 10 MiB buffer reduce_add_coalesced passes it)."""
+    import torch
+    from torch._utils import _take_tensors
+
+    from parsim.sim.nn_data_parallel import COALESCE_BYTES, coalesced
+
+    tensors = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    theirs = [sum(t.numel() for t in chunk) for chunk in _take_tensors(tensors, COALESCE_BYTES)]
+    assert coalesced(tuple(sizes), close_at_limit=False) == theirs

@@ -171,6 +171,57 @@ def test_data_parallels_calls_cost_what_hw_timed_them_at_that_gpu_count(gpus):
     assert step == pytest.approx(serial)
 
 
+def test_torch_cuts_an_mlp_stacks_parameters_into_the_chunks_measured():
+    """16 blocks of h=2048 in bf16: reduce_add_coalesced made 65 NCCL calls a step on 4 H100
+    (data/interfaces/h100x4-2026-11-27-dp-blocking); broadcast_coalesced's rule closes a chunk at the buffer."""
+    from parsim.scenarios.interfaces import mlp_tensors
+    from parsim.sim.nn_data_parallel import COALESCE_BYTES, coalesced
+
+    tensors = mlp_tensors(2048, 2) * 16
+    assert len(coalesced(tensors, close_at_limit=False)) == 65 and len(coalesced(tensors, close_at_limit=True)) == 33
+    for rule in (False, True):
+        assert sum(coalesced(tensors, rule)) == sum(tensors)
+    assert coalesced((COALESCE_BYTES, 1, COALESCE_BYTES), close_at_limit=True) == [COALESCE_BYTES, COALESCE_BYTES + 1]
+    assert coalesced((COALESCE_BYTES, 1, COALESCE_BYTES), close_at_limit=False) == [COALESCE_BYTES, 1, COALESCE_BYTES]
+
+
+@pytest.mark.parametrize("gpus", [2, 3])
+def test_a_coalesced_call_costs_the_host_its_first_chunk_and_each_further_one(gpus):
+    """Three parameter tensors of 11 MiB: three chunks each way, the broadcast's and the reduction's two further
+    chunks at their timed per-chunk cost, on the host's critical path when the GPUs are idle."""
+    chunked = {"broadcast": ((2, 100e-6),), "broadcast_chunk": ((2, 30e-6),), "reduce_add": ((2, 200e-6),),
+               "reduce_add_chunk": ((2, 50e-6),)}
+    p = _profile(gil=dataclasses.replace(HELD, calls=chunked))
+    one = _replica(layers=2, host_s=10e-6)
+    three = dataclasses.replace(one, tensors=(11 << 20,) * 3)
+    extra = data_parallel_step_s(three, gpus, p) - data_parallel_step_s(one, gpus, p)
+    assert extra == pytest.approx(2 * 30e-6 + 2 * 50e-6, abs=1e-7)  # the wire: 35 ns at 1 PB/s
+
+
+def test_a_reduction_slower_to_issue_than_to_run_ends_with_its_last_chunks_issue():
+    """Host-bound chunks: each further chunk's host time adds to the step; fast to issue, the wire sets the pace."""
+    def step(chunk_s: float, busbw_Bps: float) -> float:
+        calls = {"reduce_add": ((2, 0.0),), "reduce_add_chunk": ((2, chunk_s),), "broadcast": ((2, 0.0),),
+                 "broadcast_chunk": ((2, 0.0),)}
+        p = dataclasses.replace(_profile(gil=dataclasses.replace(HELD, calls=calls)),
+                                collectives={"allreduce": CollectiveSpec(0.0, busbw_Bps)})
+        return data_parallel_step_s(dataclasses.replace(_replica(), tensors=(11 << 20,) * 5), 2, p)
+
+    assert step(1e-3, 1e15) - step(0.0, 1e15) == pytest.approx(4e-3, abs=1e-7)  # the wire: 58 ns at 1 PB/s
+    assert step(1e-6, 1e9) - step(0.0, 1e9) == pytest.approx(0.0, abs=1e-9)  # issued while the first runs
+    wire = 5 * (11 << 20) / 1e9  # 5 chunks at 1 GB/s
+    assert step(0.0, 1e9) - step(0.0, 1e15) >= 2 * wire * 0.99  # broadcast and reduction both on the wire
+
+
+@pytest.mark.parametrize("timed,stretch", [(((1, 1e-3), (2, 2e-3)), 2.0), (((1, 1e-3), (2, 0.5e-3)), 1.0), ((), 1.0)])
+def test_autograds_device_threads_take_as_much_longer_together_as_the_probes_backward_did(timed, stretch):
+    """Timed over two GPUs twice as long as over one, each device thread's backward host work doubles (4 layers of
+    20 us, on the critical path with the GPUs idle); faster together is read as no slower; untimed, as alone."""
+    base = data_parallel_step_s(_replica(layers=4, host_s=10e-6), 2, _profile(gil=HELD))
+    p = _profile(gil=dataclasses.replace(HELD, calls={"backward": timed} if timed else {}))
+    assert data_parallel_step_s(_replica(layers=4, host_s=10e-6), 2, p) - base == pytest.approx((stretch - 1) * 80e-6)
+
+
 def test_a_call_timed_at_one_gpu_count_costs_the_same_at_every_count():
     p = _profile(gil=dataclasses.replace(HELD, calls={"gather": ((2, 90e-6),)}))
     without = _profile(gil=HELD)

@@ -18,7 +18,7 @@ from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
 from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost
 from parsim.sim.machine import Machine
-from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s, need_gil
+from parsim.sim.nn_data_parallel import Replica, backward_stretch, coalesced, data_parallel_step_s, need_gil
 from parsim.sim.predict import simulate
 from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
 
@@ -27,6 +27,7 @@ DP_GPUS = tuple(range(1, 9))
 HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
 HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
 TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
+MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16), as hw.data_parallel.MLP
 
 
 # --- the GIL experiment ---------------------------------------------------------------------------
@@ -107,15 +108,25 @@ def step_calls_assumption(gil: GilCosts) -> str:
 
 def calls_assumption(gil: GilCosts) -> str:
     """How DataParallel's own calls are priced, in one line: as timed on this machine's GPUs, or as launches."""
+    mlp = mlp_tensors(MLP_HIDDEN, 2) * MLP_BLOCKS
+    chunks = ("replicate's broadcast and the gradients' reduction go chunk by chunk as torch coalesces the "
+              f"parameters (10 MiB buffers: {len(coalesced(mlp, True))} and {len(coalesced(mlp, False))} chunks for "
+              "the MLP stack)")
     if not gil.calls:
         return ("DataParallel's calls not timed (they need 2+ GPUs: `python -m hw scenario data-parallel --gpus N "
                 "--calibrate`): each scatter and gather copy a launch, each thread a plain thread's start and join, "
-                "the gradients' reduction a launch")
-    counts = sorted({g for points in gil.calls.values() for g, _ in points})
-    top = {name: max(points)[1] for name, points in gil.calls.items()}
+                f"each chunk a launch; {chunks}")
+    counts = sorted({g for name, points in gil.calls.items() for g, _ in points if name != "backward"})
+    top = {name: max(points)[1] for name, points in gil.calls.items() if name != "backward"}
+    stretch = {g: backward_stretch(gil, g) for g, _ in gil.calls.get("backward", ()) if g > 1}
+    threads = (("together, autograd's device threads take " + ", ".join(f"{s:.2f}x at {g} GPUs" for g, s in
+                                                                         sorted(stretch.items()))
+                + " one thread's host time for their backward (a probe model's backward timed over 1 GPU and more)")
+               if stretch else "autograd's device threads run their backward as fast together as alone (not timed)")
     return (f"DataParallel's calls cost the host what hw timed them at {counts[0]}-{counts[-1]} GPUs on probe tensors "
             f"(at {counts[-1]}: " + ", ".join(f"{name} {t * 1e6:.0f} us" for name, t in sorted(top.items()))
-            + "), linear between GPU counts and along the last two beyond; the reduction as one call of one chunk")
+            + f"), linear between GPU counts and along the last two beyond; {chunks}, each further chunk at the "
+            f"cost timed per chunk (a launch where not timed); {threads}")
 
 
 def _text_replica(profile: Profile, batch: int) -> Replica:
@@ -127,14 +138,22 @@ def _text_replica(profile: Profile, batch: int) -> Replica:
     layer = StageCost(Work(mm_s, (gil.module_call_s or 0.0) + mm_launch_s, 1), Work(0.0, 0.0, 1),
                       Work(2 * mm_s, mm_launch_s + launch_s, 1),
                       send_bytes=batch * 2 * 4, stash_bytes=batch * 5 * 4, grad_bytes=(5 * 2 + 2) * 4)
-    return Replica((layer,), batch * 5 * 4, modules=2)
+    return Replica((layer,), batch * 5 * 4, modules=2, tensors=(5 * 2 * 4, 2 * 4))
+
+
+def mlp_tensors(hidden: int, dtype_bytes: int) -> tuple[int, ...]:
+    """An MLP block's parameter tensors' bytes in module order, as hw.models.MlpBlock holds them: the layer norm's
+    scale and shift, fc1's weight and bias, fc2's weight and bias."""
+    return tuple(n * dtype_bytes for n in (hidden, hidden, 4 * hidden**2, 4 * hidden, 4 * hidden**2, hidden))
 
 
 def _model_replica(model: Model, profile: Profile) -> Replica:
-    """A parsim model's layers, each costed as a stage of its own; 4 modules per MLP block, 1 for the Sequential."""
+    """An MLP stack's layers, each costed as a stage of its own; 4 modules per block, 1 for the Sequential."""
     layers = tuple(stage_costs(model, len(model.layers), 1, profile))
     first = model.layers[0]
-    return Replica(layers, model.tokens * first.hidden * first.side**2 * first.dtype_bytes, 4 * len(model.layers) + 1)
+    tensors = tuple(b for layer in model.layers for b in mlp_tensors(layer.hidden, layer.dtype_bytes))
+    return Replica(layers, model.tokens * first.hidden * first.side**2 * first.dtype_bytes, 4 * len(model.layers) + 1,
+                   tensors)
 
 
 def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
@@ -172,12 +191,12 @@ DP_ASSUMPTIONS = (
     "kernels run faster than they are launched, so only the host is timed",
     "DataParallel's forward threads hold the GIL for the same share of each layer's host time as a launch does; "
     "backward runs in autograd's C++ device threads without it, except Gather's and Broadcast's Python backward",
-    "replicate: one NCCL broadcast of the parameters at the all-reduce's latency and bus bandwidth, then "
+    "replicate: the parameters broadcast by NCCL chunk by chunk, one all-reduce latency and its bus bandwidth, then "
     "gil.replicate_module_s of Python per module per GPU; gradients reduced onto GPU 0 the same way",
     "scatter and gather: one NVLink copy per GPU; DDP: the whole model one stage, its gradients all-reduced in "
     "25 MiB buckets; neither counts the optimizer step or the data loader",
     f"the global batch is fixed and split as torch's scatter does (ceil): the text's nn.Linear(5, 2) on "
-    f"{TEXT_BATCH} samples, the MLP stack (16 x h=2048) on 8192 tokens",
+    f"{TEXT_BATCH} samples, the MLP stack ({MLP_BLOCKS} x h={MLP_HIDDEN}) on {MLP_TOKENS} tokens",
 )
 
 
@@ -192,8 +211,8 @@ def data_parallel(profile: Profile) -> ScenarioResult:
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
     else:
         figures |= dp_figures("text", lambda g: _text_replica(profile, math.ceil(TEXT_BATCH / g)), profile)
-        figures |= dp_figures("mlp", lambda g: _model_replica(mlp_model(16, 2048, math.ceil(8192 / g)), profile),
-                              profile)
+        figures |= dp_figures("mlp", lambda g: _model_replica(
+            mlp_model(MLP_BLOCKS, MLP_HIDDEN, math.ceil(MLP_TOKENS / g)), profile), profile)
     return ScenarioResult("data-parallel", figures, "launch_threads8_speedup_ratio",
                           data_parallel.__doc__.splitlines()[0], assumptions)
 

@@ -21,11 +21,36 @@ from parsim.workload import StageCost
 
 @dataclass(frozen=True)
 class Replica:
-    """What one GPU's replica does in a step: each layer's costs at its share of the batch, and its input's bytes."""
+    """What one GPU's replica does in a step: each layer's costs at its share of the batch, its input's bytes, and
+    its parameter tensors' bytes (what DataParallel's coalesced comm cuts into chunks)."""
 
     layers: tuple[StageCost, ...]  # one per layer: forward, backward, output bytes (send_bytes), parameter bytes
     in_bytes: int
     modules: int  # modules `replicate` rebuilds per replica
+    tensors: tuple[int, ...] = ()  # in module order; (): one tensor of all the layers' parameter bytes
+
+    @property
+    def tensor_bytes(self) -> tuple[int, ...]:
+        return self.tensors or (sum(c.grad_bytes for c in self.layers),)
+
+
+COALESCE_BYTES = 10 << 20  # torch.nn.parallel.comm's buffer_size for broadcast_coalesced and reduce_add_coalesced
+
+
+def coalesced(tensor_bytes: tuple[int, ...], close_at_limit: bool) -> list[int]:
+    """The chunks (their bytes) torch's coalesced comm cuts tensors of one dtype into, one NCCL call each:
+    broadcast_coalesced (C++ take_tensors) closes a chunk once it reaches the buffer (close_at_limit);
+    reduce_add_coalesced (Python _take_tensors) closes one before a tensor that would overflow it."""
+    chunks, size, open_chunk = [], 0, False
+    for nbytes in tensor_bytes:
+        if not close_at_limit and size and size + nbytes > COALESCE_BYTES:
+            chunks.append(size)
+            size = 0
+        size, open_chunk = size + nbytes, True
+        if close_at_limit and size >= COALESCE_BYTES:
+            chunks.append(size)
+            size, open_chunk = 0, False
+    return chunks + [size] if open_chunk else chunks
 
 
 def need_gil(profile: Profile, replicate: bool = False) -> GilCosts:
@@ -67,6 +92,34 @@ def call_s(costs: GilCosts, name: str, gpus: int, unmeasured: float) -> float:
     return max(t0 + (t1 - t0) * (gpus - g0) / (g1 - g0), 0.0)
 
 
+def chunked_call_s(costs: GilCosts, name: str, gpus: int) -> tuple[float, float]:
+    """A coalesced call's host time for its first chunk (`name`, timed on one) and for each further one
+    (`name`_chunk); a launch each where not timed."""
+    return call_s(costs, name, gpus, costs.launch_s), call_s(costs, f"{name}_chunk", gpus, costs.launch_s)
+
+
+def backward_stretch(costs: GilCosts, gpus: int) -> float:
+    """How much longer autograd's device threads take over their backward's host work when `gpus` of them run at
+    once than one alone: hw's probe model's backward over that many GPUs against one GPU (at least 1; 1 where not
+    timed)."""
+    alone = call_s(costs, "backward", 1, 0.0)
+    return max(call_s(costs, "backward", gpus, alone) / alone, 1.0) if alone > 0 else 1.0
+
+
+def _coalesced_comm(m: Machine, thread: GilThread, python: _Python, label: str, chunks: list[int],
+                    host: tuple[float, float], coll: CollectiveSpec, after: list[Op]) -> Op:
+    """One coalesced NCCL call, chunk by chunk: the host pays host[0] for the call's first chunk and host[1] for
+    each further one, each chunk runs after its issue and the one before it (one latency for the call); its
+    last chunk's op."""
+    op = None
+    for i, nbytes in enumerate(chunks):
+        op = m.op("nccl", f"{label} ({i + 1}/{len(chunks)})", (0.0 if i else coll.latency_s) + nbytes / coll.busbw_Bps,
+                  category="comm")
+        op.deps += after
+        thread.steps.append(python(op, host[1] if i else host[0]))
+    return op
+
+
 def _signal(m: Machine, label: str) -> Op:
     """A zero-length op on a track of its own: a host issuing it lets a host syncing on it go on."""
     return m.op(f"signal {label}", label, 0.0)
@@ -82,14 +135,13 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     main = gil_thread(m, "main", gil)
     coll = need_collective(profile) if gpus > 1 else None
     link = profile.links["nvlink"]
-    param_bytes = sum(c.grad_bytes for c in replica.layers)
 
-    # DataParallel's calls, each over all GPUs, as timed (else a launch per copy, a thread's start and join)
+    # DataParallel's calls, each over all GPUs, as timed (else a launch per copy or chunk, a thread's start and join)
     copies = max(gpus - 1, 1)
     scatter_s = call_s(costs, "scatter", gpus, copies * launch_s) / copies  # per copy
     gather_s = call_s(costs, "gather", gpus, copies * launch_s) / copies
     thread_s = call_s(costs, "parallel_apply", gpus, gpus * costs.thread_s) / gpus  # per thread
-    reduce_s = call_s(costs, "reduce_add", gpus, launch_s)
+    broadcast_s, reduce_s = chunked_call_s(costs, "broadcast", gpus), chunked_call_s(costs, "reduce_add", gpus)
 
     # 1. scatter the batch from GPU 0, 2. replicate: broadcast the parameters, rebuild each module per replica
     inputs: dict[int, list[Op]] = {0: []}
@@ -98,9 +150,8 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
             copy = m.op(f"link 0->{d}", f"scatter to gpu{d}", link.time_s(replica.in_bytes), category="comm")
             main.steps.append(python(copy, scatter_s))
             inputs[d] = [copy]
-        broadcast = m.op("nccl", "replicate: broadcast parameters",
-                         coll.latency_s + param_bytes / coll.busbw_Bps, category="comm")
-        main.steps.append(python(broadcast, launch_s))
+        broadcast = _coalesced_comm(m, main, python, "replicate: broadcast parameters",
+                                    coalesced(replica.tensor_bytes, close_at_limit=True), broadcast_s, coll, [])
         main.steps.append(GilLaunch(None, replica.modules * gpus * costs.replicate_module_s, 0.0))
         inputs = {d: ops + [broadcast] if d else ops for d, ops in inputs.items()}  # GPU 0 keeps its own
 
@@ -134,8 +185,8 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     called = _signal(m, "backward called")
     # loss.backward(): the call (the seed gradient's launch, autograd's set-up), then the engine's threads take over
     main.steps.append(python(called, launch_s + (costs.backward_call_s or 0.0)))
-    done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, reduce_s), coll, param_bytes,
-                     link.time_s(out_bytes))
+    done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, reduce_s), coll,
+                     link.time_s(out_bytes), backward_stretch(costs, gpus))
     main.steps.append(Sync((done,)))
     return m.run()
 
@@ -152,11 +203,13 @@ def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, g
 
 
 def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int, start: tuple[Op, Op],
-              host: tuple[float, float], coll: CollectiveSpec | None, param_bytes: int, grad_copy_s: float) -> Op:
+              host: tuple[float, tuple[float, float]], coll: CollectiveSpec | None, grad_copy_s: float,
+              stretch: float) -> Op:
     """Autograd's device threads, from the backward call on: GPU 0's scatters the output gradient (Gather's
     backward, Python), each runs its replica's backward in C++, then GPU 0's reduces the parameter gradients
-    (Broadcast's backward, Python). `start`: the loss's op and the call's signal; `host`: the scatter's host time
-    per copy and the reduction's."""
+    chunk by chunk (Broadcast's backward, Python). `start`: the loss's op and the call's signal; `host`: the
+    scatter's host time per copy and the reduction's (its first chunk, each further one); `stretch`: the device
+    threads' host work's, all running at once (backward_stretch)."""
     loss, called = start
     scatter_s, reduce_s = host
     threads = [gil_thread(m, f"autograd gpu{d}", gil) for d in range(gpus)]
@@ -179,14 +232,13 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
             op = m.op(f"gpu{d} compute", f"B{i} gpu{d}", work.gpu_s)
             if i == len(replica.layers) - 1:
                 op.deps += first[d]
-            thread.steps.append(Launch(op, work.host_s, work.host_s / max(work.chunks, 1)))  # C++: no GIL
+            host_s = work.host_s * stretch
+            thread.steps.append(Launch(op, host_s, host_s / max(work.chunks, 1)))  # C++: no GIL
         last.append(op)
         finished.append(_signal(m, f"backward launched gpu{d}"))
         thread.steps.append(Launch(finished[-1], 0.0, 0.0))
     if gpus == 1:
         return last[0]
-    reduce = m.op("nccl", "reduce parameter gradients to gpu0", coll.latency_s + param_bytes / coll.busbw_Bps,
-                  category="comm")
-    reduce.deps += last
-    threads[0].steps += [Sync(tuple(finished)), python(reduce, reduce_s)]
-    return reduce
+    threads[0].steps.append(Sync(tuple(finished)))
+    return _coalesced_comm(m, threads[0], python, "reduce parameter gradients to gpu0",
+                           coalesced(replica.tensor_bytes, close_at_limit=False), reduce_s, coll, last)
