@@ -275,7 +275,6 @@ def test_scenario_gpus_adds_data_parallel_against_ddp_and_only_to_data_parallel(
 def test_reduce_add_coalesced_chunks_as_torchs_own_take_tensors_does(sizes):
     """parsim's chunking of the gradients' reduction is torch's (torch.nn.parallel.comm's _take_tensors, one dtype,
     the 10 MiB buffer reduce_add_coalesced passes it)."""
-    import torch
     from torch._utils import _take_tensors
 
     from parsim.sim.nn_data_parallel import COALESCE_BYTES, coalesced
