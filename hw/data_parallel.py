@@ -25,9 +25,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hw.models import MlpBlock
 from hw.opcosts import sync_all
+from parsim.scenarios.interfaces import MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS, TEXT_BATCH
 
-TEXT_BATCH = 30  # parsim.scenarios.interfaces.TEXT_BATCH: the text's nn.Linear(5, 2) on batches of 30
-MLP = (16, 2048, 8192)  # blocks, hidden, tokens: the MLP stack of parsim's scenario
+MLP = (MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS)  # blocks, hidden, tokens: the MLP stack of parsim's scenario
 MODELS = ("text", "mlp")
 WARMUP = 3  # untimed steps before a turn's timed ones
 STEPS = 10  # timed steps a turn

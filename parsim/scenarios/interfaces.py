@@ -27,7 +27,7 @@ DP_GPUS = tuple(range(1, 9))
 HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
 HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
 TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
-MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16), as hw.data_parallel.MLP
+MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16); hw.data_parallel builds it from these
 
 
 # --- the GIL experiment ---------------------------------------------------------------------------
@@ -116,8 +116,9 @@ def calls_assumption(gil: GilCosts) -> str:
         return ("DataParallel's calls not timed (they need 2+ GPUs: `python -m hw scenario data-parallel --gpus N "
                 "--calibrate`): each scatter and gather copy a launch, each thread a plain thread's start and join, "
                 f"each chunk a launch; {chunks}")
-    counts = sorted({g for name, points in gil.calls.items() for g, _ in points if name != "backward"})
-    top = {name: max(points)[1] for name, points in gil.calls.items() if name != "backward"}
+    timed = {name: points for name, points in gil.calls.items() if name != "backward"}  # backward: read as a ratio
+    counts = sorted({g for points in timed.values() for g, _ in points})
+    top = {name: max(points)[1] for name, points in timed.items()}
     stretch = {g: backward_stretch(gil, g) for g, _ in gil.calls.get("backward", ()) if g > 1}
     threads = (("together, autograd's device threads take " + ", ".join(f"{s:.2f}x at {g} GPUs" for g, s in
                                                                          sorted(stretch.items()))
