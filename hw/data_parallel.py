@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hw.models import MlpBlock
 from hw.opcosts import sync_all
+from hw.step_costs import step_host_costs
 from parsim.scenarios.interfaces import MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS, TEXT_BATCH
 
 MLP = (MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS)  # blocks, hidden, tokens: the MLP stack of parsim's scenario
@@ -40,6 +41,7 @@ CALLS = ("scatter", "parallel_apply", "gather", "broadcast", "reduce_add", "broa
 CHUNKS, CHUNK_BYTES = 8, 6 << 20  # over half torch's 10 MiB coalescing buffer: no two tensors share a chunk
 PROBE_ROWS, PROBE_WIDTH = 64, 64  # call_probes' tensor: neither scenario model's
 PROBE_BLOCKS = 16  # BackwardProbe's MLP blocks a GPU (of PROBE_WIDTH, on PROBE_ROWS rows): ~160 small kernels each
+DDP_LAYERS = 8  # DDP's cost per parameter tensor: a stack of this many Linears against one (2 tensors each)
 
 
 def build(name: str, device: torch.device, tiny: bool = False) -> tuple[nn.Module, int, Callable[[int], torch.Tensor]]:
@@ -126,19 +128,76 @@ class BackwardProbe:
         self.loss = None
 
 
-def call_probes(n: int) -> dict[str, Callable[[], object]]:
+class StepProbe:
+    """A probe model's forward or its backward alone (`part`), as a plain step runs them; prepare() sets the step
+    up untimed: zero_grad, and for the backward the forward and the loss."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, part: str):
+        self.model, self.x, self.part = model, x, part
+        self.loss: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        if self.part == "backward":
+            self.loss = self.model(self.x).float().sum()
+
+    def __call__(self) -> None:
+        if self.part == "forward":
+            self.model(self.x)
+        else:
+            self.loss.backward()
+            self.loss = None
+
+
+def ddp_probes(device: torch.device, group) -> dict[str, StepProbe]:
+    """DDP's own host costs on one device in a process group of one rank (its hooks, bucket copies and all-reduce
+    call run as at any size): a Linear's forward and backward plain and under DDP, and the backward of DDP_LAYERS
+    Linears both ways (`_x<DDP_LAYERS>`)."""
+    probes = {}
+    for layers in (1, DDP_LAYERS):
+        tag = f"_x{layers}" if layers > 1 else ""
+        for wrap in ("module", "ddp"):
+            torch.manual_seed(0)
+            model = nn.Sequential(*(nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(layers))).to(device)
+            if wrap == "ddp":
+                ids = [device.index] if device.type == "cuda" else None
+                model = DistributedDataParallel(model, device_ids=ids, process_group=group)
+            x = torch.randn(PROBE_ROWS, PROBE_WIDTH, device=device)
+            for part in ("forward", "backward") if layers == 1 else ("backward",):
+                probes[f"{wrap}_{part}{tag}"] = StepProbe(model, x, part)
+    return probes
+
+
+def ddp_costs(medians: dict[str, float]) -> dict[str, float]:
+    """GilCosts' DDP fields from ddp_probes' median host times at one GPU ("call_<probe>_1gpus"), each DDP's time
+    less the plain module's (at least 0); {} where they were not timed."""
+    names = ("module_forward", "ddp_forward", "module_backward", "ddp_backward", f"module_backward_x{DDP_LAYERS}",
+             f"ddp_backward_x{DDP_LAYERS}")
+    at = {name: medians.get(f"call_{name}_1gpus") for name in names}
+    if None in at.values():
+        return {}
+    one = at["ddp_backward"] - at["module_backward"]
+    many = at[f"ddp_backward_x{DDP_LAYERS}"] - at[f"module_backward_x{DDP_LAYERS}"]
+    return {"ddp_forward_s": max(at["ddp_forward"] - at["module_forward"], 0.0), "ddp_backward_s": max(one, 0.0),
+            "ddp_param_s": max(many - one, 0.0) / (2 * DDP_LAYERS - 2)}
+
+
+def call_probes(n: int, solo=None) -> dict[str, Callable[[], object]]:
     """nn.DataParallel's own calls over GPUs 0..n-1, each on probe tensors and a module of its own (not the
     scenario's models), for what each costs the host: scatter and gather (forward; Gather's backward is a scatter
     too), parallel_apply over identity replicas (its threads' cost, no forward in them), replicate's broadcast of
     the parameters and the gradients' reduction onto GPU 0 (Broadcast's backward), these two on one chunk and
-    (`<name>_x<CHUNKS>`) on CHUNKS chunks; and a probe model's backward over the n GPUs (one GPU: that alone)."""
+    (`<name>_x<CHUNKS>`) on CHUNKS chunks; and a probe model's backward over the n GPUs. On one GPU: that backward,
+    the scatter (DataParallel's forward scatters its input over one GPU too) and, given `solo` (a process group of
+    this rank alone), DDP's own costs (ddp_probes)."""
     from torch.nn.parallel import comm, parallel_apply, replicate
     from torch.nn.parallel.scatter_gather import gather, scatter_kwargs
 
-    if n == 1:
-        return {"backward": BackwardProbe(1)}
     ids = list(range(n))
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH, device="cuda:0")
+    if n == 1:
+        return ({"backward": BackwardProbe(1), "scatter": lambda: scatter_kwargs((x,), {}, ids)}
+                | (ddp_probes(torch.device("cuda", 0), solo) if solo is not None else {}))
     inputs, kwargs = scatter_kwargs((x,), {}, ids)
     replicas = replicate(nn.Identity().to("cuda:0"), ids)
     outputs = [torch.randn(PROBE_ROWS // n, PROBE_WIDTH, device=f"cuda:{d}", requires_grad=True) for d in ids]
@@ -189,11 +248,13 @@ def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.devi
 
 
 def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...], names: tuple[str, ...],
-           steps: int, rounds: int, tiny: bool, calls: bool = False) -> dict:
+           steps: int, rounds: int, tiny: bool, calls: bool = False, launch_s: float = 0.0) -> dict:
     """One rank's part (hw.workers.spawn): every (model, GPU count, interface) point's step times, in turns; with
     calls (GPUs only), DataParallel's calls over each count of 2+ GPUs and a probe's backward over each count too,
-    timed by rank 0 in the same turns."""
+    and on one GPU DDP's own costs and a plain step's (hw.step_costs, given an elementwise launch's launch_s: one
+    value of each a round, "plain_<field>"), timed by rank 0 in the same turns."""
     groups = {n: dist.new_group(list(range(n))) for n in counts if n > 1}  # every rank makes every group
+    solo = dist.new_group([0]) if calls else None  # DDP's own costs, timed by rank 0 in a group of its own
     barrier = dist.new_group(backend="gloo")  # waits on the CPU, leaving the GPUs alone
     times: dict[str, list[float]] = {}
     built: dict[tuple, tuple] = {}  # each point's model, built at its first turn
@@ -206,8 +267,11 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
             dist.barrier(group=barrier)
             got: list[float] | dict = []
             if kind == "calls" and rank == 0:
-                got = timed_calls(built.setdefault(point, call_probes(n)),
-                                  [torch.device("cuda", d) for d in range(n)], steps)
+                if point not in built:
+                    built[point] = call_probes(n, solo)
+                got = timed_calls(built[point], [torch.device("cuda", d) for d in range(n)], steps)
+                if n == 1:  # in the steps' own process and turns: the host drifts between processes and minutes
+                    got |= {f"plain_{k}": [v] for k, v in step_host_costs(device, launch_s, steps).items()}
             elif (kind == "ddp" and rank < n) or (kind == "dp" and rank == 0):
                 if point not in built:
                     built[point] = (ddp_step(name, n, groups.get(n), device, tiny) if kind == "ddp"
@@ -216,7 +280,7 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
             dist.barrier(group=barrier)
             if kind == "calls":
                 for call, t in (got or {}).items():
-                    times.setdefault(f"call_{call}_{n}gpus", []).extend(t)
+                    times.setdefault(call if call.startswith("plain_") else f"call_{call}_{n}gpus", []).extend(t)
             else:
                 times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)
     return times
@@ -228,20 +292,24 @@ def slowest_steps(per_rank: list[dict[str, list[float]]], key: str) -> list[floa
 
 
 def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny: bool = False,
-            timeout_s: float = 120.0, calls: bool = False) -> dict:
+            timeout_s: float = 120.0, calls: bool = False, launch_s: float = 0.0) -> dict:
     """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times; with calls
-    (on GPUs), DataParallel's calls' median host times by GPU count (`GilCosts.calls`) timed in the same turns."""
+    (on GPUs), DataParallel's calls' median host times by GPU count (`GilCosts.calls`), DDP's own costs
+    (`ddp_costs`: GilCosts' ddp_ fields) and a plain step's (`step`: GilCosts' plain-step fields, the median over
+    rounds) timed in the same turns."""
     from hw.workers import spawn
 
     world = max(counts)
     calls = calls and device == "cuda"
-    per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny, calls), device, timeout_s=timeout_s,
-                     deadline_s=600.0)
+    per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny, calls, launch_s), device,
+                     timeout_s=timeout_s, deadline_s=600.0)
     figures, raw, medians = {}, {}, {}
     for key in per_rank[0]:
         slowest = raw[key] = slowest_steps(per_rank, key)
-        if key.startswith("call_"):
+        if key.startswith(("call_", "plain_")):
             medians[key] = statistics.median(slowest)
         else:
             figures[f"{key}_s"] = statistics.median(slowest)
-    return {"figures": figures, "raw": raw, "calls": call_costs(medians, counts)}
+    step = {k.removeprefix("plain_"): v for k, v in medians.items() if k.startswith("plain_")}
+    return {"figures": figures, "raw": raw, "calls": call_costs(medians, counts), "ddp": ddp_costs(medians),
+            "step": step}

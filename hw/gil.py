@@ -24,6 +24,7 @@ from torch import nn
 
 from hw.hogwild import cpu_cores, shuffled_rounds
 from hw.opcosts import sync
+from hw.step_costs import step_host_costs
 from parsim.profile import GilCosts
 from parsim.sim.gil import wake_points, wake_readings
 
@@ -206,49 +207,6 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
     return statistics.median(times) / modules
 
 
-class _Scale(nn.Module):
-    """step_host_costs' probe: one elementwise op on one parameter (neither scenario model's layer)."""
-
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(ELEMENTS[device.type], device=device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.w
-
-
-def step_host_costs(device: torch.device, launch_s: float, repeat: int = 200) -> tuple[float, float, float]:
-    """A plain training step's host costs beyond an elementwise launch's, on a one-op probe module: calling the
-    module (nn.Module.__call__ and its forward's Python, less the op's launch), loss.backward() (autograd's set-up
-    and its hand-off to the device's thread and back, less the backward's two launches: the seed gradient's fill
-    and the weight gradient's multiply), and a small matrix product's launch (cuBLAS's path: the text model's
-    Linear). Medians of `repeat`, each timed alone after a sync."""
-    probe = _Scale(device)
-    x = torch.ones(ELEMENTS[device.type], device=device)
-    a = torch.ones(16, 16, device=device)
-    forward, backward, matmul = [], [], []
-    for k in range(repeat + 5):
-        probe.zero_grad(set_to_none=True)  # the weight gradient taken as it is, not added into .grad
-        sync(device)
-        t0 = time.perf_counter()
-        y = probe(x)
-        t1 = time.perf_counter()
-        loss = y.sum()
-        sync(device)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        a.mm(a)
-        t4 = time.perf_counter()
-        if k >= 5:
-            forward.append(t1 - t0)
-            backward.append(t3 - t2)
-            matmul.append(t4 - t3)
-    sync(device)
-    return (max(statistics.median(forward) - launch_s, 0.0), max(statistics.median(backward) - 2 * launch_s, 0.0),
-            statistics.median(matmul))
-
-
 def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CALIBRATION_ROUNDS,
               holds_s: tuple[float, ...] = HOLDS_S, source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
               experiment: tuple[int, ...] = ()) -> tuple[GilCosts, dict]:
@@ -277,11 +235,9 @@ def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CA
     except Exception as e:  # noqa: BLE001 - the launch costs stand without it; the scenario says what is missing
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
-    module_call, backward_call, matmul = step_host_costs(device, launch)
     costs = GilCosts(launch, thread_cost_s(), None,
                      wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s)]),
-                     cpu_cores(), replicate, source, module_call_s=module_call, backward_call_s=backward_call,
-                     matmul_launch_s=matmul)
+                     cpu_cores(), replicate, source, **step_host_costs(device, launch))
     crowd = []
     for hold in crowd_holds_s:
         alone = times[(1, hold, "probe")]["per_launch_s"]

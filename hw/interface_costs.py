@@ -49,7 +49,10 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
           + f"; {gil.cores} cores; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
           + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else "")
           + f"; beyond their launches a module call {gil.module_call_s * 1e6:.1f} us, loss.backward() "
-            f"{gil.backward_call_s * 1e6:.1f} us; a small matmul's launch {gil.matmul_launch_s * 1e6:.1f} us")
+            f"{gil.backward_call_s * 1e6:.1f} us; a small matmul's launch {gil.matmul_launch_s * 1e6:.1f} us; "
+            f"zero_grad {gil.zero_grad_s * 1e6:.1f} us (+{gil.zero_grad_module_s * 1e6:.2f} a module, "
+            f"+{gil.zero_grad_param_s * 1e6:.2f} a tensor); a small Linear's forward {gil.linear_forward_s * 1e6:.1f} "
+            f"us, its backward nodes {gil.linear_backward_s * 1e6:.1f} us; the loss {gil.loss_s * 1e6:.1f} us")
     print(crowd_line(gil, gil_raw))
     print(f"CPU ({before['cpu']}): {cpu.cores} cores, core speed (the Hogwild step) "
           + ", ".join(f"{n}: {s:.2f}" for n, s in sorted(cpu.core_speed.items()))

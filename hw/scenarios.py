@@ -159,22 +159,25 @@ def measure_data_parallel(device: torch.device, window_s: float | None = None, r
            "machine_before": before, "machine_after": machine(), "times": {str(n): t for n, t in times.items()}}
     figures = launch_ratios({n: t["per_launch_s"] for n, t in times.items()})
     if gpus:
-        figures, raw, calls = _data_parallel_against_ddp(device, gpus, tiny, figures, raw, calibrate)
-        if calls:  # timed in the comparison's turns: the prediction beside it prices DataParallel's calls with them
-            costs["gil"] = dataclasses.replace(costs["gil"], calls=calls)
+        launch_s = costs["gil"].launch_s if calibrate else 0.0
+        figures, raw, run = _data_parallel_against_ddp(device, gpus, tiny, figures, raw, calibrate, launch_s)
+        if run["calls"]:  # timed in the comparison's turns and process: the prediction beside it is priced with them
+            costs["gil"] = dataclasses.replace(costs["gil"], calls=run["calls"], **run["ddp"], **run["step"])
     return {"figures": figures, "costs": costs, "raw": raw | ({"calibration": calibration} if calibration else {})}
 
 
 def _data_parallel_against_ddp(device: torch.device, gpus: int, tiny: bool, figures: dict, raw: dict,
-                               calls: bool = False) -> tuple:
-    """The figures and raw record with nn.DataParallel's and DDP's step times over 1..gpus GPUs added, and (with
-    calls, on GPUs) DataParallel's calls' host times by GPU count."""
+                               calls: bool = False, launch_s: float = 0.0) -> tuple:
+    """The figures and raw record with nn.DataParallel's and DDP's step times over 1..gpus GPUs added, and
+    hw.data_parallel.measure's result: with calls, on GPUs, DataParallel's calls' host times by GPU count, DDP's own
+    costs and a plain step's, timed in the comparison's turns."""
     from hw import data_parallel
 
     steps, rounds = (2, 1) if tiny else (data_parallel.STEPS, data_parallel.ROUNDS)
-    run = data_parallel.measure(tuple(range(1, gpus + 1)), device.type, steps, rounds, tiny, calls=calls)
+    run = data_parallel.measure(tuple(range(1, gpus + 1)), device.type, steps, rounds, tiny, calls=calls,
+                                launch_s=launch_s)
     return (figures | run["figures"], raw | {"data_parallel_against_ddp": {"steps": steps, "rounds": rounds,
-                                                                           "step_s": run["raw"]}}, run["calls"])
+                                                                           "step_s": run["raw"]}}, run)
 
 
 def measure_hogwild(device: torch.device, spec: str | None = None, duration_s: float | None = None,

@@ -171,9 +171,17 @@ class GilCosts:
     for scatter, parallel_apply (its threads alone), gather, broadcast and reduce_add (one chunk each), the last two's
     cost per further chunk (broadcast_chunk, reduce_add_chunk) and a probe model's backward over 1..N GPUs
     (backward: autograd's device threads together; hw.data_parallel.call_probes).
-    A plain step's host costs beyond an elementwise launch's (hw.gil.step_host_costs; None where not measured,
-    before 2026-11-27): calling a module (module_call_s), loss.backward() (backward_call_s) and a small matrix
-    product's launch (matmul_launch_s).
+    A plain step's host costs beyond an elementwise launch's (hw.step_costs; None where not measured, before
+    2026-11-27): calling a module (module_call_s), loss.backward() (backward_call_s) and a small matrix product's
+    launch (matmul_launch_s); since 2026-11-27 afternoon also zero_grad(set_to_none=True) of a module with one
+    parameter tensor (zero_grad_s), each further module and parameter tensor (zero_grad_module_s,
+    zero_grad_param_s), the loss `.float().sum()` (loss_s), a small nn.Linear's forward call (linear_forward_s),
+    its autograd nodes' share of loss.backward() beyond backward_call_s and the seed's launch (linear_backward_s),
+    and a small step's final sync (step_sync_s: its last kernels' tail and the wake-up; host.sync_s is an idle
+    GPU's).
+    DistributedDataParallel's own host costs beyond the module's (hw.data_parallel, a process group of one rank;
+    2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
+    all-reduce call for one parameter tensor (ddp_backward_s) and each further one (ddp_param_s).
     """
 
     launch_s: float
@@ -187,6 +195,16 @@ class GilCosts:
     module_call_s: float | None = None
     backward_call_s: float | None = None
     matmul_launch_s: float | None = None
+    zero_grad_s: float | None = None
+    zero_grad_module_s: float | None = None
+    zero_grad_param_s: float | None = None
+    loss_s: float | None = None
+    linear_forward_s: float | None = None
+    linear_backward_s: float | None = None
+    ddp_forward_s: float | None = None
+    ddp_backward_s: float | None = None
+    ddp_param_s: float | None = None
+    step_sync_s: float | None = None
 
     @property
     def held_s(self) -> float:
@@ -196,6 +214,12 @@ class GilCosts:
     @property
     def held_share(self) -> float:
         return self.held_s / self.launch_s
+
+
+# GilCosts' plain-step and DDP costs: optional, absent from a profile's file where None
+GIL_STEP_KEYS = ("module_call_s", "backward_call_s", "matmul_launch_s", "zero_grad_s", "zero_grad_module_s",
+                 "zero_grad_param_s", "loss_s", "linear_forward_s", "linear_backward_s", "step_sync_s",
+                 "ddp_forward_s", "ddp_backward_s", "ddp_param_s")
 
 
 @dataclass(frozen=True)
@@ -281,7 +305,7 @@ class Profile:
             if doc[key] is None:
                 del doc[key]
         if "gil" in doc:  # measured since 2026-11-27 (calls on 2+ GPUs only): absent where not
-            for key in ("calls", "module_call_s", "backward_call_s", "matmul_launch_s"):
+            for key in ("calls", *GIL_STEP_KEYS):
                 if doc["gil"][key] in ({}, None):
                     del doc["gil"][key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
@@ -461,8 +485,8 @@ def _gil(doc: dict, where: str) -> GilCosts:
                     None if doc.get("cores") is None else _whole(doc, "cores", where),
                     None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
                     str(doc.get("source", "")), _calls(doc.get("calls", {}), f"{where}.calls"),
-                    *(None if doc.get(k) is None else _number(doc, k, where, positive=False)
-                      for k in ("module_call_s", "backward_call_s", "matmul_launch_s")))
+                    **{k: None if doc.get(k) is None else _number(doc, k, where, positive=False)
+                       for k in GIL_STEP_KEYS})
 
 
 def _calls(doc: Any, where: str) -> dict[str, tuple[tuple[int, float], ...]]:

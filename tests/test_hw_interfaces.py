@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 
@@ -67,13 +68,44 @@ def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
     assert raw["crowd_threads"] == 8 and crowd["hold_s"] == 40e-6 and crowd["slept_s"] > 6 * 40e-6
 
 
-def test_step_host_costs_time_a_module_call_and_a_backward_call_beyond_their_launches_and_a_matmul():
-    from hw.gil import step_host_costs
+def test_step_host_costs_time_each_part_of_a_plain_step_beyond_its_launches():
+    from hw.step_costs import step_host_costs
+    from parsim.profile import GIL_STEP_KEYS
 
-    module_call, backward_call, matmul = step_host_costs(CPU, launch_s=0.0, repeat=20)
-    assert module_call > 0 and backward_call > 0 and matmul > 0
-    assert step_host_costs(CPU, launch_s=1.0, repeat=5)[:2] == (0.0, 0.0)  # never below nothing
+    costs = step_host_costs(CPU, launch_s=0.0, repeat=20)
+    assert set(costs) == set(GIL_STEP_KEYS) - {"ddp_forward_s", "ddp_backward_s", "ddp_param_s"}
+    for name in ("module_call_s", "backward_call_s", "matmul_launch_s", "zero_grad_s", "linear_forward_s", "loss_s",
+                 "linear_backward_s"):
+        assert costs[name] > 0, name
+    assert costs["zero_grad_param_s"] >= 0 and costs["zero_grad_module_s"] >= 0
+    dear = step_host_costs(CPU, launch_s=1.0, repeat=5)  # launches dearer than any probe: never below nothing
+    assert dear["module_call_s"] == dear["backward_call_s"] == dear["linear_backward_s"] == 0.0
 
+
+def test_ddps_own_costs_come_from_its_probes_in_a_process_group_of_one(tmp_path):
+    """DDP over one gloo rank runs its hooks and all-reduce as at any size: dearer than the plain module."""
+    import torch.distributed as dist
+
+    from hw.data_parallel import ddp_costs, ddp_probes, timed_calls
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        times = timed_calls(ddp_probes(CPU, dist.new_group([0])), [CPU], repeat=20)
+    finally:
+        dist.destroy_process_group()
+    costs = ddp_costs({f"call_{name}_1gpus": statistics.median(t) for name, t in times.items()})
+    assert set(costs) == {"ddp_forward_s", "ddp_backward_s", "ddp_param_s"}
+    assert costs["ddp_backward_s"] > 0 and all(v >= 0 for v in costs.values())
+    assert ddp_costs({}) == {}
+
+
+def test_ddp_costs_are_ddps_time_less_the_modules_per_further_tensor():
+    from hw.data_parallel import DDP_LAYERS, ddp_costs
+
+    us = {"module_forward": 10, "ddp_forward": 25, "module_backward": 40, "ddp_backward": 140,
+          f"module_backward_x{DDP_LAYERS}": 100, f"ddp_backward_x{DDP_LAYERS}": 100 + 100 + 7 * (2 * DDP_LAYERS - 2)}
+    costs = ddp_costs({f"call_{k}_1gpus": v * 1e-6 for k, v in us.items()})
+    assert costs == pytest.approx({"ddp_forward_s": 15e-6, "ddp_backward_s": 100e-6, "ddp_param_s": 7e-6})
 
 def test_a_tiny_hogwild_moves_the_shared_parameters():
     result = hogwild_steps("1x16x8", processes=2, duration_s=0.2)

@@ -134,11 +134,15 @@ def _replica(layers: int = 4, gpu_s: float = 0.0, host_s: float = 10e-6, params:
     return Replica((layer,) * layers, 1000, modules=5)
 
 
+SYNC_S = 4e-6  # _profile's host.sync_s: the step ends with a sync of every GPU it used
+
+
 def test_one_gpu_is_the_plain_step_with_no_replicas_or_threads():
-    """Host-bound and GPU-free: forward, loss and backward call under the GIL, then backward in one device thread."""
+    """Host-bound and GPU-free: forward, loss and backward call under the GIL, then backward in one device thread,
+    then the sync."""
     p = _profile(gil=HELD)
     step = data_parallel_step_s(_replica(layers=4, host_s=10e-6), 1, p)
-    assert step == pytest.approx(4 * 10e-6 + 2 * 8e-6 + 4 * 20e-6)
+    assert step == pytest.approx(4 * 10e-6 + 2 * 8e-6 + 4 * 20e-6 + SYNC_S)
 
 
 @pytest.mark.parametrize("gpus", [2, 4, 8])
@@ -151,7 +155,7 @@ def test_forward_threads_take_turns_under_the_gil_and_replicate_grows_with_gpus(
     # main: gathers (gpus-1), loss, backward call; GPU 0's thread: grad scatters (gpus-1); backward C++ in parallel;
     # GPU 0's thread: the reduce's launch
     serial = ((gpus - 1) + 1) * 8e-6 + 5 * gpus * 10e-6 + gpus * 50e-6 + gpus * 4 * 10e-6 \
-        + (gpus - 1) * 8e-6 + 2 * 8e-6 + (gpus - 1) * 8e-6 + 4 * 20e-6 + 8e-6
+        + (gpus - 1) * 8e-6 + 2 * 8e-6 + (gpus - 1) * 8e-6 + 4 * 20e-6 + 8e-6 + gpus * SYNC_S
     assert step == pytest.approx(serial)
 
 
@@ -167,7 +171,7 @@ def test_data_parallels_calls_cost_what_hw_timed_them_at_that_gpu_count(gpus):
     at = {name: points[0][1] + (points[1][1] - points[0][1]) * (gpus - 2) for name, points in CALLS.items()}
     step = data_parallel_step_s(_replica(layers=4, host_s=10e-6), gpus, p)
     serial = at["scatter"] + 8e-6 + 5 * gpus * 10e-6 + at["parallel_apply"] + gpus * 4 * 10e-6 + at["gather"] \
-        + 2 * 8e-6 + at["scatter"] + 4 * 20e-6 + at["reduce_add"]
+        + 2 * 8e-6 + at["scatter"] + 4 * 20e-6 + at["reduce_add"] + gpus * SYNC_S
     assert step == pytest.approx(serial)
 
 
@@ -288,6 +292,53 @@ def test_the_text_models_two_matmuls_cost_a_matmuls_launch_where_it_was_timed():
     before, after = data_parallel(base).figures, data_parallel(timed).figures
     for kind in ("dp", "ddp"):
         assert after[f"{kind}_text_1gpus_s"] - before[f"{kind}_text_1gpus_s"] == pytest.approx(2 * (50e-6 - 8e-6))
+
+
+def test_zero_grad_costs_its_timed_fixed_part_and_each_further_module_and_tensor():
+    """DataParallel's zero_grad runs over its wrapper and the model (5 modules, 3 tensors here); untimed, nothing."""
+    timed = dataclasses.replace(HELD, zero_grad_s=20e-6, zero_grad_module_s=2e-6, zero_grad_param_s=3e-6)
+    replica = dataclasses.replace(_replica(), tensors=(100, 100, 100))
+    extra = data_parallel_step_s(replica, 1, _profile(gil=timed)) - data_parallel_step_s(replica, 1, _profile(gil=HELD))
+    assert extra == pytest.approx(20e-6 + 5 * 2e-6 + 2 * 3e-6)
+
+
+@pytest.mark.parametrize("gpus", [1, 3])
+def test_the_step_ends_with_the_timed_final_sync_and_an_idle_sync_of_each_further_gpu(gpus):
+    timed = dataclasses.replace(HELD, step_sync_s=30e-6)
+    extra = data_parallel_step_s(_replica(), gpus, _profile(gil=timed)) - data_parallel_step_s(_replica(), gpus,
+                                                                                                _profile(gil=HELD))
+    assert extra == pytest.approx(30e-6 - SYNC_S)
+
+
+def test_a_timed_linear_prices_the_text_models_forward_backward_and_loss_on_either_interface():
+    """The Linear's forward and its backward nodes replace the module call and matmul launches; the loss its launch."""
+    base = _profile(gil=HELD, bandwidth_Bps=300e9, latency_s=5e-6)
+    linear = dataclasses.replace(HELD, linear_forward_s=70e-6, linear_backward_s=90e-6, loss_s=30e-6)
+    before, after = data_parallel(base).figures, data_parallel(_profile(gil=linear, bandwidth_Bps=300e9,
+                                                                         latency_s=5e-6)).figures
+    for kind in ("dp", "ddp"):  # forward 70 for 8, backward 90 for 2 x 8, the loss 30 for 8
+        assert after[f"{kind}_text_1gpus_s"] - before[f"{kind}_text_1gpus_s"] == pytest.approx(62e-6 + 74e-6 + 22e-6)
+    # DataParallel over 4 GPUs: four forward threads under one GIL, four device threads' backward in parallel
+    assert after["dp_text_4gpus_s"] - before["dp_text_4gpus_s"] == pytest.approx(4 * 62e-6 + 74e-6 + 22e-6)
+
+
+def test_ddps_own_costs_are_paid_over_two_gpus_and_more_by_parameter_tensor_not_on_one():
+    base = _profile(gil=HELD, bandwidth_Bps=300e9, latency_s=5e-6)
+    ddp = _profile(gil=dataclasses.replace(HELD, ddp_forward_s=100e-6, ddp_backward_s=200e-6, ddp_param_s=10e-6),
+                   bandwidth_Bps=300e9, latency_s=5e-6)
+    before, after = data_parallel(base).figures, data_parallel(ddp).figures
+    assert after["ddp_text_1gpus_s"] == pytest.approx(before["ddp_text_1gpus_s"])  # the module alone
+    for g in (2, 4):  # the text's Linear: two parameter tensors
+        assert after[f"ddp_text_{g}gpus_s"] - before[f"ddp_text_{g}gpus_s"] == pytest.approx(310e-6)
+        assert after[f"dp_text_{g}gpus_s"] == pytest.approx(before[f"dp_text_{g}gpus_s"])
+
+
+def test_data_parallel_over_one_gpu_pays_its_scatter_only_where_timed_on_one():
+    one = dataclasses.replace(HELD, calls={"scatter": ((1, 70e-6), (2, 100e-6))})
+    two = dataclasses.replace(HELD, calls={"scatter": ((2, 100e-6), (3, 130e-6))})  # not read down to one GPU
+    plain = data_parallel_step_s(_replica(), 1, _profile(gil=HELD))
+    assert data_parallel_step_s(_replica(), 1, _profile(gil=one)) - plain == pytest.approx(70e-6)
+    assert data_parallel_step_s(_replica(), 1, _profile(gil=two)) == pytest.approx(plain)
 
 
 def test_data_parallel_says_its_speedups_from_three_gpus_are_upper_bounds():

@@ -12,13 +12,14 @@ import math
 import simpy
 
 from parsim.errors import ProfileError
-from parsim.profile import CpuCosts, GilCosts, Profile
+from parsim.profile import GIL_STEP_KEYS, CpuCosts, GilCosts, Profile
 from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
 from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost
 from parsim.sim.machine import Machine
-from parsim.sim.nn_data_parallel import Replica, backward_stretch, coalesced, data_parallel_step_s, need_gil
+from parsim.sim.nn_data_parallel import (Replica, backward_stretch, coalesced, data_parallel_step_s, final_sync_s,
+                                          loss_s, need_gil, zero_grad_s)
 from parsim.sim.predict import simulate
 from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
 
@@ -90,20 +91,33 @@ def gil_assumption(gil: GilCosts) -> str:
 
 # --- nn.DataParallel against DistributedDataParallel ------------------------------------------------
 
-def step_calls_assumption(gil: GilCosts) -> str:
-    """How a plain step's module call, backward call and small matmuls are priced, in one line (both interfaces
-    alike; neither carries hw's runner's per-step cost, and zero_grad is left out)."""
-    if gil.module_call_s is gil.backward_call_s is gil.matmul_launch_s is None:
+def step_calls_assumption(gil: GilCosts, sync_s: float | None) -> str:
+    """How a plain step's frame, the text's Linear and DDP's own work are priced, in one line (both interfaces
+    alike; neither carries hw's runner's per-step cost)."""
+    def us(t: float | None) -> str:
+        return "not measured" if t is None else f"{t * 1e6:.1f} us"
+
+    sync = (f"the final sync {us(gil.step_sync_s if gil.step_sync_s is not None else sync_s)} (as timed after a "
+            f"small step), {us(sync_s)} each further GPU synced")
+    if all(getattr(gil, k) is None for k in GIL_STEP_KEYS):
         return ("a module call, loss.backward() and a small matmul cost the host an elementwise launch each (their "
-                "own costs not measured: profiles before 2026-11-27); zero_grad is left out")
-    what = {"a module call": gil.module_call_s, "loss.backward() (autograd's set-up and hand-off to its device "
-            "thread)": gil.backward_call_s}
-    parts = [f"{name} {t * 1e6:.1f} us" if t is not None else f"{name} nothing (not measured)"
-             for name, t in what.items()]
-    matmul = (f"{gil.matmul_launch_s * 1e6:.1f} us" if gil.matmul_launch_s is not None
-              else "an elementwise launch's (not measured)")
-    return (f"beyond an elementwise launch, {' and '.join(parts)} of host time; a small matmul's launch {matmul}; "
-            "timed on one-op probes; the MLP stack's layer costs include their own; zero_grad is left out")
+                f"own costs not measured: profiles before 2026-11-27); zero_grad is left out; {sync}")
+    zero_grad = ("zero_grad left out (not measured)" if gil.zero_grad_s is None else
+                 f"zero_grad {us(gil.zero_grad_s)} for one module of one tensor, {us(gil.zero_grad_module_s)} a "
+                 f"further module, {us(gil.zero_grad_param_s)} a further tensor")
+    linear = ("the text's Linear: its forward call and backward nodes as timed on a small Linear "
+              f"({us(gil.linear_forward_s)}, {us(gil.linear_backward_s)})" if gil.linear_forward_s is not None else
+              f"the text's Linear: a module call and a small matmul's launch ({us(gil.matmul_launch_s)}) forward, "
+              "the matmul's and an elementwise launch backward")
+    ddp = ("DDP's own work not measured (it needs 2+ GPUs' calibration): the module's alone"
+           if gil.ddp_forward_s is None else
+           f"DDP over 2+ GPUs adds {us(gil.ddp_forward_s)} to the forward and {us(gil.ddp_backward_s)} plus "
+           f"{us(gil.ddp_param_s)} a further parameter tensor to the backward (hooks, bucket copies, all-reduce "
+           "calls; timed in a process group of one)")
+    return (f"a plain step: {zero_grad}; a module call {us(gil.module_call_s)} beyond its launches; the loss "
+            f"{us(gil.loss_s if gil.loss_s is not None else gil.launch_s)}; loss.backward() {us(gil.backward_call_s)} "
+            f"(autograd's set-up and hand-off to its device thread); {linear}; {sync}; the MLP stack's layer costs "
+            f"include their own; {ddp}")
 
 
 def calls_assumption(gil: GilCosts) -> str:
@@ -131,15 +145,17 @@ def calls_assumption(gil: GilCosts) -> str:
 
 
 def _text_replica(profile: Profile, batch: int) -> Replica:
-    """The text's model, nn.Linear(5, 2) in float32: a module call and a matmul forward, the weight gradient's
-    matmul and the bias gradient's sum backward (a matmul's launch as timed, else an elementwise op's)."""
+    """The text's model, nn.Linear(5, 2) in float32: its forward and its backward's host time as hw timed a small
+    Linear's (else a module call and a matmul forward, the weight gradient's matmul and the bias gradient's sum
+    backward: a matmul's launch as timed, else an elementwise op's)."""
     launch_s, matmul, gil = need_host(profile, "launch_s"), need_kernel(profile, "matmul"), need_gil(profile)
     mm_launch_s = gil.matmul_launch_s or launch_s
+    forward_s = gil.linear_forward_s if gil.linear_forward_s is not None else (gil.module_call_s or 0.0) + mm_launch_s
+    backward_s = gil.linear_backward_s if gil.linear_backward_s is not None else mm_launch_s + launch_s
     mm_s = matmul.time_s(2.0 * batch * 5 * 2)
-    layer = StageCost(Work(mm_s, (gil.module_call_s or 0.0) + mm_launch_s, 1), Work(0.0, 0.0, 1),
-                      Work(2 * mm_s, mm_launch_s + launch_s, 1),
+    layer = StageCost(Work(mm_s, forward_s, 1), Work(0.0, 0.0, 1), Work(2 * mm_s, backward_s, 1),
                       send_bytes=batch * 2 * 4, stash_bytes=batch * 5 * 4, grad_bytes=(5 * 2 + 2) * 4)
-    return Replica((layer,), batch * 5 * 4, modules=2, tensors=(5 * 2 * 4, 2 * 4))
+    return Replica((layer,), batch * 5 * 4, modules=1, tensors=(5 * 2 * 4, 2 * 4))
 
 
 def mlp_tensors(hidden: int, dtype_bytes: int) -> tuple[int, ...]:
@@ -158,18 +174,27 @@ def _model_replica(model: Model, profile: Profile) -> Replica:
 
 
 def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
-    """DDP over `gpus` processes: the whole replica as one stage, its gradients all-reduced in DDP's buckets.
+    """DDP over `gpus` processes: the whole replica as one stage, its gradients all-reduced in DDP's buckets; one
+    GPU: the module alone. A step is zero_grad, forward, loss, backward and a sync of the rank's GPU.
 
-    Its forward's host time includes a launch for the loss and the backward call (a launch and autograd's set-up),
-    as DataParallel's does; neither carries hw's runner's per-action or per-step costs (a plain step has no runner)."""
-    layers = replica.layers
-    loss_and_call = Work(0.0, 2 * need_host(profile, "launch_s") + (need_gil(profile).backward_call_s or 0.0), 0)
+    Its forward's host time includes the loss and the backward call (a launch and autograd's set-up), as
+    DataParallel's does, and over 2+ GPUs DDP's own costs where timed (its forward's wrapper; its backward's hooks,
+    bucket copies and all-reduce calls, by parameter tensor); neither carries hw's runner's per-action or per-step
+    costs (a plain step has no runner)."""
+    gil, layers, tensors = need_gil(profile), replica.layers, len(replica.tensor_bytes)
+    wrapped = gpus > 1
+    ddp_forward = (gil.ddp_forward_s or 0.0) if wrapped else 0.0
+    ddp_backward = (gil.ddp_backward_s or 0.0) + (tensors - 1) * (gil.ddp_param_s or 0.0) if wrapped else 0.0
+    loss_and_call = Work(0.0, ddp_forward + loss_s(gil) + need_host(profile, "launch_s") + (gil.backward_call_s or 0.0),
+                         0)
     stage = StageCost(sum((c.forward for c in layers), loss_and_call),
                       sum((c.backward_input for c in layers), Work(0.0, 0.0, 0)),
-                      sum((c.backward_weight for c in layers), Work(0.0, 0.0, 0)),
+                      sum((c.backward_weight for c in layers), Work(0.0, ddp_backward, 0)),
                       layers[-1].send_bytes, sum(c.stash_bytes for c in layers), sum(c.grad_bytes for c in layers))
-    bare = dataclasses.replace(profile, host=dataclasses.replace(profile.host, action_s=0.0, step_s=0.0))
-    return simulate(gpipe(1, 1), [stage], bare, data_parallel=gpus).step_time_s
+    host = dataclasses.replace(profile.host, action_s=0.0, step_s=0.0,
+                               begin_s=zero_grad_s(gil, replica.modules + wrapped, tensors))
+    step_s = simulate(gpipe(1, 1), [stage], dataclasses.replace(profile, host=host), data_parallel=gpus).step_time_s
+    return step_s + final_sync_s(gil, profile.host.sync_s, 1)
 
 
 def dp_figures(name: str, replica_at, profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
@@ -205,7 +230,8 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil), calls_assumption(gil), GIL_GAP,
+    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
+                                    calls_assumption(gil), GIL_GAP,
                                     f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "

@@ -64,6 +64,28 @@ def need_gil(profile: Profile, replicate: bool = False) -> GilCosts:
     return gil
 
 
+def zero_grad_s(costs: GilCosts, modules: int, tensors: int) -> float:
+    """zero_grad(set_to_none=True) over `modules` modules holding `tensors` parameter tensors, as hw timed it (0 where
+    not timed: profiles before 2026-11-27 afternoon)."""
+    if costs.zero_grad_s is None:
+        return 0.0
+    return (costs.zero_grad_s + (modules - 1) * (costs.zero_grad_module_s or 0.0)
+            + (tensors - 1) * (costs.zero_grad_param_s or 0.0))
+
+
+def final_sync_s(costs: GilCosts, idle_sync_s: float | None, gpus: int) -> float:
+    """The step's end: each of `gpus` GPUs synced in turn, the first as a small step's final sync was timed (its
+    last kernels' tail; else as an idle GPU's), the rest idle by then (host.sync_s)."""
+    idle = idle_sync_s or 0.0
+    first = costs.step_sync_s if costs.step_sync_s is not None else idle
+    return first + (gpus - 1) * idle
+
+
+def loss_s(costs: GilCosts) -> float:
+    """The loss, `.float().sum()` of the output: as timed, else an elementwise launch."""
+    return costs.loss_s if costs.loss_s is not None else costs.launch_s
+
+
 def need_collective(profile: Profile) -> CollectiveSpec:
     if "allreduce" not in profile.collectives:
         raise ProfileError("this profile has no collectives.allreduce cost, which data parallelism needs: "
@@ -126,7 +148,8 @@ def _signal(m: Machine, label: str) -> Op:
 
 
 def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
-    """One step of nn.DataParallel over `gpus` GPUs (forward, loss, backward; no optimizer), from GPU 0's host."""
+    """One step of nn.DataParallel over `gpus` GPUs (zero_grad, forward, loss, backward, a sync of every GPU; no
+    optimizer), from GPU 0's host."""
     costs = need_gil(profile, replicate=gpus > 1)
     launch_s = costs.launch_s
     m = Machine()
@@ -135,6 +158,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     main = gil_thread(m, "main", gil)
     coll = need_collective(profile) if gpus > 1 else None
     link = profile.links["nvlink"]
+    main.steps.append(GilLaunch(None, zero_grad_s(costs, replica.modules + 1, len(replica.tensor_bytes)), 0.0))
 
     # DataParallel's calls, each over all GPUs, as timed (else a launch per copy or chunk, a thread's start and join)
     copies = max(gpus - 1, 1)
@@ -143,8 +167,11 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     thread_s = call_s(costs, "parallel_apply", gpus, gpus * costs.thread_s) / gpus  # per thread
     broadcast_s, reduce_s = chunked_call_s(costs, "broadcast", gpus), chunked_call_s(costs, "reduce_add", gpus)
 
-    # 1. scatter the batch from GPU 0, 2. replicate: broadcast the parameters, rebuild each module per replica
+    # 1. scatter the batch from GPU 0 (over one GPU: no copy, the call where timed), 2. replicate: broadcast the
+    # parameters, rebuild each module per replica
     inputs: dict[int, list[Op]] = {0: []}
+    if gpus == 1 and any(g == 1 for g, _ in costs.calls.get("scatter", ())):
+        main.steps.append(GilLaunch(None, call_s(costs, "scatter", 1, 0.0), 0.0))
     if gpus > 1:
         for d in range(1, gpus):
             copy = m.op(f"link 0->{d}", f"scatter to gpu{d}", link.time_s(replica.in_bytes), category="comm")
@@ -181,14 +208,14 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
         gathered.append(copy)
     loss = m.op("gpu0 compute", "loss", 0.0)
     loss.deps += gathered
-    main.steps.append(python(loss, launch_s))
+    main.steps.append(python(loss, loss_s(costs)))
     called = _signal(m, "backward called")
     # loss.backward(): the call (the seed gradient's launch, autograd's set-up), then the engine's threads take over
     main.steps.append(python(called, launch_s + (costs.backward_call_s or 0.0)))
     done = _backward(m, gil, python, replica, gpus, (loss, called), (scatter_s, reduce_s), coll,
                      link.time_s(out_bytes), backward_stretch(costs, gpus))
     main.steps.append(Sync((done,)))
-    return m.run()
+    return m.run() + final_sync_s(costs, profile.host.sync_s, gpus)
 
 
 def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, gpu: int, after: list[Op]) -> Op:
