@@ -97,8 +97,8 @@ def step_calls_assumption(gil: GilCosts, sync_s: float | None) -> str:
     def us(t: float | None) -> str:
         return "not measured" if t is None else f"{t * 1e6:.1f} us"
 
-    sync = (f"the final sync {us(gil.step_sync_s if gil.step_sync_s is not None else sync_s)} (as timed after a "
-            f"small step), {us(sync_s)} each further GPU synced")
+    sync = (f"the final sync {us(final_sync_s(gil, sync_s, 1))} (as timed after a small step), {us(sync_s)} each "
+            "further GPU synced")
     if all(getattr(gil, k) is None for k in GIL_STEP_KEYS):
         return ("a module call, loss.backward() and a small matmul cost the host an elementwise launch each (their "
                 f"own costs not measured: profiles before 2026-11-27); zero_grad is left out; {sync}")
@@ -115,7 +115,7 @@ def step_calls_assumption(gil: GilCosts, sync_s: float | None) -> str:
            f"{us(gil.ddp_param_s)} a further parameter tensor to the backward (hooks, bucket copies, all-reduce "
            "calls; timed in a process group of one)")
     return (f"a plain step: {zero_grad}; a module call {us(gil.module_call_s)} beyond its launches; the loss "
-            f"{us(gil.loss_s if gil.loss_s is not None else gil.launch_s)}; loss.backward() {us(gil.backward_call_s)} "
+            f"{us(loss_s(gil))}; loss.backward() {us(gil.backward_call_s)} "
             f"(autograd's set-up and hand-off to its device thread); {linear}; {sync}; the MLP stack's layer costs "
             f"include their own; {ddp}")
 
