@@ -12,6 +12,7 @@ per launch, which makes the other thread's core sleep that long before each wake
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import sys
 import threading
@@ -52,9 +53,11 @@ def keep_clocks_up(device: torch.device, seconds: float) -> bool:
     return True
 
 
-def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: float = 0.0) -> dict:
+def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: float = 0.0,
+                cpus: tuple[int, ...] = ()) -> dict:
     """`threads` threads, each launching `y = x + 1` on a stream of its own until window_s has passed (and
     holding the GIL hold_s more after each launch, spinning in Python): host time per launch of all of them.
+    With `cpus`, thread i runs on CPU cpus[i] alone (scripts/core_pairs.py); else where the OS puts it.
 
     Timed from their common start until the last has stopped, over all their launches; each looks at the clock
     every BLOCK launches, so a thread asleep at the deadline finishes its block first. A GPU is kept busy
@@ -72,6 +75,8 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
 
     def work(i: int) -> None:
         x, n = xs[i], 0
+        if cpus:
+            os.sched_setaffinity(0, {cpus[i]})
         with torch.cuda.stream(streams[i]) if streams[i] is not None else contextlib.nullcontext():
             go.wait()
             end = deadline[0]

@@ -6,7 +6,7 @@ fuser is off (`hw.gil.unfused`): it would unroll the loop by 8 and fuse the adds
     python scripts/alloc_contention.py OUT.json [ROUNDS]
 
 If allocating launches slow down with N and writing into a kept tensor (`out=`) does not, the CUDA caching
-allocator's lock, not the GIL, is what the GIL experiment's 3-8 threads queue on (docs/model.md, the interfaces'
+allocator's lock, not the GIL, is what the GIL experiment's 3-8 threads queue on (docs/lab/data-parallel-interfaces.md, the GIL
 known gap). Each repetition starts all threads at a barrier; a thread's LAUNCHES stay below what a stream queues,
 so the host's time is timed, not the GPU's; the streams are synchronised between repetitions. Variants and thread
 counts take turns in shuffled order within each round (the lent hosts drift).

@@ -4,7 +4,7 @@ while N threads run scripts/gil_churn.py's loop (issue 19).
     python scripts/churn_trace.py OUT.json [WINDOW_S]
 
 The probe without torch is reproducible and no GIL mechanism tried so far reproduces it (scripts/gil_churn_fits.py,
-docs/model.md gap item 13): 8 threads take 8.2-9.0 us an iteration with 2-5 us GIL-free, 13.5 at 7-9 us, 10.7-10.9 at
+docs/lab/data-parallel-interfaces.md item 13): 8 threads take 8.2-9.0 us an iteration with 2-5 us GIL-free, 13.5 at 7-9 us, 10.7-10.9 at
 11-13 us. Here the same loop runs under scripts/giltrace.c (LD_PRELOAD: each mutex lock's call and return, each
 unlock, each condition wait's start and end and each signal), at 2, 4 and 8 threads with spins of 2, 5, 8 and 12 us,
 each point also untimed by the hooks just before. Per point:

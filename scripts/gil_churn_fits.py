@@ -34,12 +34,12 @@ Result (2026-11-27, the committed data; errors at 1-8 threads):
 At 6-8 threads the truth lies between 6 and 6b: the three short drops of an allocating launch cost less than a
 dead GIL each and more than a signal. At 2-4 threads both are far too slow: the network piles waiters up behind
 the short drops, where the trace counts 0.5-3.2 waits a launch, and two threads launch at one's pace because every
-part of a launch stretches (the launch path's contention, docs/model.md item 11), not because they wait. Neither
+part of a launch stretches (the launch path's contention, docs/lab/data-parallel-interfaces.md item 11), not because they wait. Neither
 predicts the experiment within 10% at every N. Held out, on the two leases of 2026-11-27 (--lease
 data/interfaces/h200-2026-11-27-churn-trace and -2, one churn run each at 2, 5, 8 and 12 us), allocating at 1-8
 threads: 6 -5% +151% +70% +26% +2% -10% -24% -27% and +3% +181% +105% +54% +26% +17% +16% +17%; 6b -5% -49% +32% +1%
 -18% -27% -38% -39% and +3% +108% +55% +18% -4% -11% -11% -11%: on the first lease the experiment at eight threads
-took 62 us a launch, over twice the other leases', while the churn probe took 30% longer (docs/model.md gap item 14).
+took 62 us a launch, over twice the other leases', while the churn probe took 30% longer (docs/lab/data-parallel-interfaces.md item 14).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ that called it, counted by an LD_PRELOAD library (scripts/lockcount.c, built her
 
 The experiment at 3-8 threads allocating its results sleeps ~7 times a launch, at most ~1.4 times not allocating
 (data/interfaces/h200-2026-11-25-release-probes); a model of CPython's GIL alone (its mutex and condition
-variable) gives at most ~3 (docs/model.md, the interfaces' known gap). The counts say whose locks the other sleeps
+variable) gives at most ~3 (docs/lab/data-parallel-interfaces.md, the GIL experiment's items). The counts say whose locks the other sleeps
 are in: the interpreter's (the GIL), torch's (the CUDA caching allocator's mutex), the CUDA driver's; and each
 wait on the GIL's condition variable by its origin, the first function up the stack outside libc and the
 interpreter, and the frame above it (which torch binding's release it waited after). A lock or

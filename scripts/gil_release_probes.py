@@ -5,7 +5,7 @@
 The GIL experiment's launch (`x + 1`, hw.gil.launch_loop) drops the GIL twice: around dispatch, and around the
 free of its result (torch destroys a tensor inside pybind11::gil_scoped_release). hw.gil's wake-up probes hold the
 GIL longer *after* the statement, so the free's release always wakes a thread that slept a moment only; at 3-8
-threads both releases wake threads that slept long (docs/model.md, the interfaces' known gap). Here one and two
+threads both releases wake threads that slept long (docs/lab/data-parallel-interfaces.md, the GIL experiment's items). Here one and two
 threads hold the GIL a set time in one of three places, in shuffled turns within each round (the host drifts):
   alloc-after    `x + 1`, then the hold (as hw.gil's probes)
   alloc-between  `y = x + 1`, the hold, `del y`: the free's release wakes a thread that slept through the hold

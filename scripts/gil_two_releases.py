@@ -5,7 +5,7 @@ its result, which torch runs with the GIL released) and every release handed to 
 
 The wake-up curve is re-read by the same model: each two-thread hold probe of RUN.json's calibration is simulated
 and its cost per wake-up adjusted until the simulation gives the probe's measured time; then 1-8 threads are
-predicted and set beside the experiment's measured times (docs/model.md, the interfaces' known gap, item 6).
+predicted and set beside the experiment's measured times (docs/lab/data-parallel-interfaces.md, item 6).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,23 @@ def test_threads_launch_until_the_window_closes_and_count_their_launches(threads
     assert launched - 1 <= loop["switches"] <= sum(loop["launches"]) - 1  # each thread that launched took over once
     times = launch_times(CPU, tuple(dict.fromkeys((1, threads))), window_s=0.01, rounds=2)
     assert all(len(t["rounds"]) == 2 and t["per_launch_s"] > 0 for t in times.values())
+
+
+def test_pinned_threads_run_on_their_cpu_and_leave_the_process_where_it_was():
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    seen = []
+    real = os.sched_setaffinity
+
+    def record(pid, cpus):
+        real(pid, cpus)
+        seen.append(os.sched_getaffinity(0))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "sched_setaffinity", record)
+        loop = launch_loop(CPU, 2, 0.01, cpus=(cpu, cpu))
+    assert seen == [{cpu}, {cpu}] and all(n > 0 for n in loop["launches"])
+    assert os.sched_getaffinity(0) == before  # a thread's pin is its own
 
 
 def test_the_gil_free_part_of_a_launch_is_shorter_than_the_launch():
