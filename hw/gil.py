@@ -242,7 +242,8 @@ def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CA
         replicate = None
     costs = GilCosts(launch, thread_cost_s(), None,
                      wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s)]),
-                     cpu_cores(), replicate, source, **step_host_costs(device, launch))
+                     cpu_cores(), replicate, source, **step_host_costs(device, launch),
+                     handoff_share=switch_share(times[(2, holds_s[0], "probe")]["rounds"]))
     crowd = []
     for hold in crowd_holds_s:
         alone = times[(1, hold, "probe")]["per_launch_s"]
@@ -254,6 +255,11 @@ def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CA
     if experiment:
         raw["experiment"] = {n: times[(n, 0.0, "experiment")] for n in experiment}
     return costs, raw
+
+
+def switch_share(loops: list[dict]) -> float:
+    """Of the launches of launch_loop runs, the share that followed another thread's launch (all runs pooled)."""
+    return sum(r["switches"] for r in loops) / max(sum(sum(r["launches"]) for r in loops), 1)
 
 
 def paired_extra(times: dict[tuple, dict], n: int, hold: float) -> float:

@@ -182,6 +182,8 @@ class GilCosts:
     DistributedDataParallel's own host costs beyond the module's (hw.data_parallel, a process group of one rank;
     2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
     all-reduce call for one parameter tensor (ddp_backward_s) and each further one (ddp_param_s).
+    handoff_share: of the launches of two threads launching together, the share that followed the other thread's
+    (the GIL went to the thread its release woke, not back to the releaser); None before 2026-11-27: 0.
     """
 
     launch_s: float
@@ -205,6 +207,7 @@ class GilCosts:
     ddp_backward_s: float | None = None
     ddp_param_s: float | None = None
     step_sync_s: float | None = None
+    handoff_share: float | None = None
 
     @property
     def held_s(self) -> float:
@@ -305,7 +308,7 @@ class Profile:
             if doc[key] is None:
                 del doc[key]
         if "gil" in doc:  # measured since 2026-11-27 (calls on 2+ GPUs only): absent where not
-            for key in ("calls", *GIL_STEP_KEYS):
+            for key in ("calls", "handoff_share", *GIL_STEP_KEYS):
                 if doc["gil"][key] in ({}, None):
                     del doc["gil"][key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
@@ -486,7 +489,9 @@ def _gil(doc: dict, where: str) -> GilCosts:
                     None if replicate is None else _number(doc, "replicate_module_s", where, positive=False),
                     str(doc.get("source", "")), _calls(doc.get("calls", {}), f"{where}.calls"),
                     **{k: None if doc.get(k) is None else _number(doc, k, where, positive=False)
-                       for k in GIL_STEP_KEYS})
+                       for k in GIL_STEP_KEYS},
+                    handoff_share=None if doc.get("handoff_share") is None else
+                    number(doc["handoff_share"], f"{where}.handoff_share", 0.0, 1.0, ProfileError))
 
 
 def _calls(doc: Any, where: str) -> dict[str, tuple[tuple[int, float], ...]]:

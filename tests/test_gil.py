@@ -3,6 +3,8 @@ sleeper's core slept; and the launch experiment the calibration's two-thread pro
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,9 +16,9 @@ from parsim.sim.machine import Launch, Machine, Sync
 
 
 def _threads(n: int, steps: int, held_s: float, released_s: float, wake_s: float = 0.0,
-             cores: int | None = None) -> tuple[float, Gil]:
+             cores: int | None = None, handoff_share: float = 0.0) -> tuple[float, Gil]:
     m = Machine()
-    gil = Gil(m.env, lambda slept_s: wake_s, cores)
+    gil = Gil(m.env, lambda slept_s: wake_s, cores, handoff_share)
     for t in range(n):
         gil_thread(m, f"t{t}", gil).steps += [GilLaunch(None, held_s, released_s)] * steps
     return m.run(), gil
@@ -63,6 +65,48 @@ def test_each_launch_pays_a_wake_up_while_others_sleep(n):
     end, gil = _threads(n, steps, 1.0, 0.0, wake)
     assert gil.wakes == (n - 1) * steps
     assert end == pytest.approx((n - 1) * steps * (1.0 + wake) + steps * 1.0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_threads_whose_releases_are_all_handed_over_take_turns_at_the_same_pace(n):
+    """handoff_share 1: each release goes to the sleeper it wakes, so the threads launch in turn, each launch
+    paying the wake-up, the last one's none: n steps held plus a wake-up for every launch but the last."""
+    steps, wake = 10, 0.25
+    m = Machine()
+    gil = Gil(m.env, lambda slept_s: wake, None, 1.0)
+    threads = [gil_thread(m, f"t{t}", gil) for t in range(n)]
+    for t in threads:
+        t.steps += [GilLaunch(m.op(f"s{t.name}", f"{t.name}.{i}", 0.0), 1.0, 0.0) for i in range(steps)]
+    assert m.run() == pytest.approx(n * steps * 1.0 + (n * steps - 1) * wake)
+    order = [op.name.split(".")[0] for _, op in sorted((e, op) for t in threads for op, _, e in t.spans())]
+    assert order == [f"t{i % n}" for i in range(n * steps)]
+    kept, _ = _threads(n, steps, 1.0, 0.0, wake)  # one keeper: the same pace while the others sleep
+    assert kept == pytest.approx((n - 1) * steps * (1.0 + wake) + steps * 1.0)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_the_handoff_share_keeps_the_pace_of_launches_that_hold_the_gil_throughout(threads):
+    """Every launch pays a wake-up while others sleep, kept or handed over: the calibration's probes read the same."""
+    gil = _costs(wake_points([10.0, 40.0], [12.0, 47.0]), released_s=0.0)
+    paces = {share: [launch_pace_s(dataclasses.replace(gil, handoff_share=share), threads, hold) for hold in (0, 30)]
+             for share in (0.0, 0.5, 1.0)}
+    assert paces[0.5] == pytest.approx(paces[0.0]) and paces[1.0] == pytest.approx(paces[0.0])
+
+
+def test_a_handed_over_gil_lets_the_releasers_gil_free_part_overlap_the_next_launch():
+    """Held 6, free 4, no wake-up cost: kept, two threads launch at one's pace (10); handed over, at the GIL's (6)."""
+    gil = _costs(((0.0, 0.0),), launch_s=10.0, released_s=4.0)
+    assert launch_pace_s(gil, 2) == pytest.approx(10.0)
+    assert launch_pace_s(dataclasses.replace(gil, handoff_share=1.0), 2) == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
+def test_the_handoff_share_of_releases_goes_to_the_woken_thread(share):
+    """Of the releases that wake a sleeper while the releaser comes back (all but the first thread's last, which
+    always hands over), share hand the GIL over, spread evenly (a running sum: never one too many)."""
+    _, gil = _threads(2, 40, 1.0, 0.5, handoff_share=share)
+    assert gil.wakes > 1
+    assert share * (gil.wakes - 1) - 1 < gil.handoffs - 1 <= share * (gil.wakes - 1)
 
 
 @pytest.mark.parametrize("n", [1, 2, 8])

@@ -82,6 +82,9 @@ def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
     assert {(h["threads"], h["hold_s"]) for h in raw["holds"]} == {(1, 0.0), (2, 0.0), (1, 40e-6), (2, 40e-6),
                                                                    (8, 40e-6)}
     assert all(len(h["rounds"]) == 2 for h in raw["holds"])
+    (two,) = [h["rounds"] for h in raw["holds"] if (h["threads"], h["hold_s"]) == (2, 0.0)]
+    assert 0 <= costs.handoff_share <= 1
+    assert costs.handoff_share == pytest.approx(sum(r["switches"] for r in two) / sum(sum(r["launches"]) for r in two))
     (crowd,) = raw["crowd"]  # eight threads: each sleeper idles seven launches of the others
     assert raw["crowd_threads"] == 8 and crowd["hold_s"] == 40e-6 and crowd["slept_s"] > 6 * 40e-6
 

@@ -42,8 +42,9 @@ def test_sections_round_trip_through_a_file_and_stay_absent_when_unmeasured(tmp_
     path = tmp_path / "p.json"
     save_profile(_profile(bandwidth_Bps=1e11), path)
     assert load_profile(path) == _profile(bandwidth_Bps=1e11)
-    assert "calls" not in json.loads(path.read_text())["gil"]  # timed on 2+ GPUs only
-    timed = _profile(gil=dataclasses.replace(GIL, calls={"gather": ((2, 1e-4), (4, 2e-4))}), bandwidth_Bps=1e11)
+    assert not {"calls", "handoff_share"} & set(json.loads(path.read_text())["gil"])  # 2+ GPUs; since 2026-11-27
+    timed = _profile(gil=dataclasses.replace(GIL, calls={"gather": ((2, 1e-4), (4, 2e-4))}, handoff_share=0.87),
+                     bandwidth_Bps=1e11)
     save_profile(timed, path)
     assert load_profile(path) == timed
     save_profile(make_profile(bandwidth_Bps=1e11), path)
@@ -73,6 +74,7 @@ def test_a_profile_without_them_still_loads():
     (lambda d: d["gil"].update(wake=[[1e-6]]), r"gil.wake must be a list of \[slept_s, cost_s\] pairs"),
     (lambda d: d["gil"].update(wake=[[1e-6, -1.0]]), r"gil.wake.cost_s must be 0 or a finite number"),
     (lambda d: d["gil"].update(calls=[]), r"gil.calls must map call names"),
+    (lambda d: d["gil"].update(handoff_share=1.5), r"gil.handoff_share must be"),
     (lambda d: d["gil"].update(calls={"scatter": [[2]]}), r"gil.calls.scatter must be a list of \[gpus, seconds\]"),
     (lambda d: d["gil"].update(calls={"scatter": [[0, 1e-4]]}), r"gil.calls.scatter.gpus must be at least 1"),
     (lambda d: d["gil"].update(calls={"scatter": [[2, -1.0]]}), r"gil.calls.scatter.host_s must be"),
@@ -157,6 +159,16 @@ def test_forward_threads_take_turns_under_the_gil_and_replicate_grows_with_gpus(
     serial = ((gpus - 1) + 1) * 8e-6 + 5 * gpus * 10e-6 + gpus * 50e-6 + gpus * 4 * 10e-6 \
         + (gpus - 1) * 8e-6 + 2 * 8e-6 + (gpus - 1) * 8e-6 + 4 * 20e-6 + 8e-6 + gpus * SYNC_S
     assert step == pytest.approx(serial)
+
+
+def test_forward_threads_that_hand_the_gil_over_start_every_gpu_after_one_launch_not_a_whole_forward():
+    """GPU-bound forwards (1 ms a layer, 10 us a launch) on 2 GPUs: keeping the GIL, thread 0 launches its 4 layers
+    before thread 1 launches its first; handing it over at every release (as measured on the H200 machines), the
+    threads take turns and GPU 1 starts 3 launches sooner, which the step keeps."""
+    replica = _replica(layers=4, gpu_s=1e-3, host_s=10e-6)
+    kept, handed = (data_parallel_step_s(replica, 2, _profile(gil=dataclasses.replace(HELD, handoff_share=share)))
+                    for share in (0.0, 1.0))
+    assert kept - handed == pytest.approx(3 * 10e-6)
 
 
 CALLS = {"scatter": ((2, 100e-6), (3, 130e-6)), "gather": ((2, 90e-6), (3, 100e-6)),

@@ -16,7 +16,7 @@ from parsim.profile import GIL_STEP_KEYS, CpuCosts, GilCosts, Profile
 from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
-from parsim.sim.gil import Gil, GilLaunch, gil_thread, wake_cost
+from parsim.sim.gil import Gil, GilLaunch, gil_thread
 from parsim.sim.machine import Machine
 from parsim.sim.nn_data_parallel import (Replica, backward_stretch, coalesced, data_parallel_step_s, final_sync_s,
                                           loss_s, need_gil, zero_grad_s)
@@ -44,7 +44,7 @@ def launch_pace_s(gil: GilCosts, threads: int, hold_s: float = 0.0, launches: in
     that end before the first thread is done, after every sleeper has been woken twice (the steady state).
     """
     m = Machine()
-    lock = Gil(m.env, wake_cost(gil.wake), gil.cores)
+    lock = Gil.calibrated(m.env, gil)
     step = GilLaunch(None, gil.held_s + hold_s, gil.released_s or 0.0)
     workers = [gil_thread(m, f"thread{t}", lock) for t in range(threads)]
     for w in workers:
@@ -81,12 +81,14 @@ def gil_assumption(gil: GilCosts) -> str:
             "issued from TorchScript)" if gil.released_s is not None else "holds the GIL all its time (its "
             "GIL-free part was not measured)")
     cores = f"threads on {gil.cores} cores" if gil.cores else "a core per thread"
+    share = gil.handoff_share or 0.0
+    where = "(as two threads did)" if gil.handoff_share is not None else "(not measured before 2026-11-27)"
     return (f"GIL: a launch takes {gil.launch_s * 1e6:.2f} us alone and {held}; a thread that finds the GIL held "
             "sleeps in line; each release wakes the first sleeper, and the releaser pays a wake-up that grows with "
             f"how long the sleeper's core was idle ({c0 * 1e6:.1f} us after {s0 * 1e6:.0f} us idle, "
             f"{c1 * 1e6:.1f} us after {s1 * 1e6:.0f} us; measured with two threads holding the GIL longer per "
-            "launch); a launching thread takes the GIL back before the one it woke runs, so one thread keeps it "
-            f"while the others sleep; {cores}; CPython's forced switch (every 5 ms) is left out")
+            f"launch); a launching thread leaves the GIL to the one it woke at {share:.0%} of its releases {where} "
+            f"and takes it back first at the rest; {cores}; CPython's forced switch (every 5 ms) is left out")
 
 
 # --- nn.DataParallel against DistributedDataParallel ------------------------------------------------

@@ -4,12 +4,14 @@ A thread that finds the GIL free takes it at once; one that finds it held sleeps
 take_gil waits on a condition variable). A thread that gives the GIL up (drop_gil) wakes the first sleeper
 and pays for it: the wake-up costs more the longer the sleeper's CPU core has been idle (a core idle for
 microseconds is still polling; one idle longer has halted and must be interrupted, on a VM through the
-hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread comes back from its GIL-free part
-(torch's bindings release the GIL around dispatch) before the thread it woke runs, so it takes the GIL
-again and the woken one goes back to sleep, last in line: one thread keeps the GIL and every launch of it
-pays a wake-up (so on the 2-core development machine; on the H200 machines the woken thread took the GIL at
-almost every launch, which the same probes turn into nearly the same pace). A thread that leaves (it syncs,
-joins or ends) hands the GIL to the one it woke.
+hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread that comes back from its GIL-free part
+(torch's bindings release the GIL around dispatch) before the thread it woke runs takes the GIL again, and the
+woken one goes back to sleep, last in line; otherwise the woken one takes it. Which happens is the calibrated
+share of releases (`GilCosts.handoff_share`, two threads' launches that followed the other's: ~0.1 on the 2-core
+development machine, 0.84-0.88 on the H100 and H200 machines). Where a launch holds the GIL all its time (every
+calibration since 2026-11-25) the launching threads' pace is the same either way; which thread's launches go first
+is not, and DataParallel's forward threads each feed their own GPU. A
+thread that leaves (it syncs, joins or ends) hands the GIL to the one it woke.
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
@@ -23,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
+from parsim.profile import GilCosts
 from parsim.sim.machine import HostThread, Launch, Machine, Op
 
 WakeCost = Callable[[float], float]  # how long a core has been idle (s) -> what waking a thread on it costs (s)
@@ -69,8 +72,10 @@ def wake_readings(threads: int, one_s: Sequence[float], many_s: Sequence[float])
 
     One thread keeps the GIL and wakes a sleeper at every launch, so each launch costs c = many_s[k] - one_s[k]
     more than alone; each of the threads-1 sleepers is woken once every threads-1 launches and went back to sleep
-    when last woken, so its core idled (threads-1) many_s[k] - c (one_s[k] with two threads). Not fitted: a
-    reading of probes at one thread count, to set beside the curve that another count calibrated.
+    when last woken, so its core idled (threads-1) many_s[k] - c (one_s[k] with two threads). Where the GIL is
+    handed over instead (Gil.handoff_share), the sleeper idles c longer: the same pace, within 0.01% on every
+    committed calibration. Not fitted: a reading of probes at one thread count, to set beside the curve that
+    another count calibrated.
     """
     return [((threads - 2) * many + one, many - one) for one, many in zip(one_s, many_s)]  # (threads-1) many - c
 
@@ -100,10 +105,13 @@ class Gil:
     sleeper's core has been idle since any thread last ran on it (not idle while one runs there).
     """
 
-    def __init__(self, env: simpy.Environment, wake: WakeCost | None = None, cores: int | None = None):
+    def __init__(self, env: simpy.Environment, wake: WakeCost | None = None, cores: int | None = None,
+                 handoff_share: float = 0.0):
         self.env = env
         self.wake = wake or (lambda slept_s: 0.0)
         self.cores = cores
+        self.handoff_share = handoff_share
+        self._handoff_credit = 0.0
         self.holder: object | None = None  # holding it, or woken to take it
         self.line: deque[_Sleeper] = deque()
         self._core: dict[int, int] = {}  # id(thread) -> its core
@@ -113,6 +121,11 @@ class Gil:
         self.wakes = 0  # sleepers woken
         self.wake_s = 0.0  # what waking them cost
         self.handoffs = 0  # of the GIL to a woken sleeper
+
+    @classmethod
+    def calibrated(cls, env: simpy.Environment, costs: GilCosts) -> Gil:
+        """The GIL of a process on the calibrated host: its wake-up curve, cores and hand-off share."""
+        return cls(env, wake_cost(costs.wake), costs.cores, costs.handoff_share or 0.0)
 
     # --- where threads run ---
 
@@ -156,11 +169,14 @@ class Gil:
         """Give the GIL up and wake the first sleeper; what waking it costs `thread` (0 if none sleeps).
 
         coming_back: `thread` will want the GIL again straight after its GIL-free part; it then takes it
-        before the woken one runs, which goes back to sleep, last in line. Otherwise the woken one takes it.
+        before the woken one runs, which goes back to sleep, last in line, except at handoff_share of such
+        releases. Otherwise the woken one takes it.
         """
         self.holder = None
         if not self.line:
             return 0.0
+        if coming_back:
+            coming_back = not self._hands_off()
         first = self.line.popleft()
         cost = self.wake(self.slept_s(first.thread))
         self.wakes += 1
@@ -176,6 +192,15 @@ class Gil:
             timer = self.env.timeout(cost)
             timer.callbacks.append(lambda _: first.event.succeed())
         return cost
+
+    def _hands_off(self) -> bool:
+        """Whether this release of a thread that wants the GIL back goes to the sleeper it wakes: handoff_share of
+        them, spread evenly (a running sum), so the order is the same from run to run."""
+        self._handoff_credit += self.handoff_share
+        if self._handoff_credit < 1.0:
+            return False
+        self._handoff_credit -= 1.0
+        return True
 
 
 def issue(op: Op, available_at: float, last_issue_at: float, wake: Callable[[Op], None]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, GilCosts, Profile
-from parsim.sim.gil import Gil, GilLaunch, GilThread, gil_thread, wake_cost
+from parsim.sim.gil import Gil, GilLaunch, GilThread, gil_thread
 from parsim.sim.machine import Launch, Machine, Op, Sync
 from parsim.workload import StageCost
 
@@ -153,7 +153,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     costs = need_gil(profile, replicate=gpus > 1)
     launch_s = costs.launch_s
     m = Machine()
-    gil = Gil(m.env, wake_cost(costs.wake), costs.cores)
+    gil = Gil.calibrated(m.env, costs)
     python = _Python(costs)
     main = gil_thread(m, "main", gil)
     coll = need_collective(profile) if gpus > 1 else None
