@@ -7,11 +7,11 @@ microseconds is still polling; one idle longer has halted and must be interrupte
 hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread that comes back from its GIL-free part
 (torch's bindings release the GIL around dispatch) before the thread it woke runs takes the GIL again, and the
 woken one goes back to sleep, last in line; otherwise the woken one takes it. Which happens is the calibrated
-share of releases (`GilCosts.handoff_share`, two threads' launches that followed the other's: ~0.1 on the 2-core
-development machine, 0.84-0.88 on the H100 and H200 machines). Where a launch holds the GIL all its time (every
-calibration since 2026-11-25) the launching threads' pace is the same either way; which thread's launches go first
-is not, and DataParallel's forward threads each feed their own GPU. A
-thread that leaves (it syncs, joins or ends) hands the GIL to the one it woke.
+share of releases (`GilCosts.handoff_share`, two threads' launches that followed the other's: one in 12 in a logged
+run on the 2-core development machine, 0.84-0.88 on the H100 and H200 machines). Where a launch holds the GIL all
+its time (every calibration since 2026-11-25) the launching threads' pace is the same either way; which thread's
+launches go first is not, and DataParallel's forward threads each feed their own GPU. A thread that leaves (it
+syncs, joins or ends) hands the GIL to the one it woke.
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
