@@ -113,8 +113,6 @@ class BackwardProbe:
     prepare() runs the forward (not timed)."""
 
     def __init__(self, n: int):
-        from hw.models import MlpBlock
-
         self.models = [nn.Sequential(*(MlpBlock(PROBE_WIDTH) for _ in range(PROBE_BLOCKS))).to(f"cuda:{d}")
                        for d in range(n)]
         self.inputs = [torch.randn(PROBE_ROWS, PROBE_WIDTH, device=f"cuda:{d}") for d in range(n)]

@@ -22,6 +22,7 @@ LINEAR = (8, 16, 16)  # the Linear probe: rows, in and out features (not the tex
 ZERO_GRAD_TENSORS = 16  # zero_grad's probes: a module with one parameter tensor, one with this many, this many modules
 WARMUP = 5  # untimed turns first
 
+
 class _Scale(nn.Module):
     """One elementwise op on one parameter: a module call's and loss.backward()'s own host costs."""
 

@@ -15,7 +15,6 @@ it saved is freed afterwards, by this thread, not by autograd's device threads a
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -25,9 +24,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import comm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hw, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts (record)
 from hw.data_parallel import build  # noqa: E402
 from hw.opcosts import sync_all  # noqa: E402
+import record  # noqa: E402
 
 BUSY_MS = 20.0
 REPEAT = 5
@@ -137,9 +138,7 @@ def main() -> None:
     model, batch, data = build("mlp", torch.device("cuda", 0))
     x = data(batch)
     busy = spin_cycles(BUSY_MS)
-    out = {"command": "python scripts/dp_blocking_probe.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
-           "device": torch.cuda.get_device_name(0), "gpus": g, "busy_ms": BUSY_MS, "busy_cycles": busy,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "calls": {}, "backward": {}}
+    out = {"gpus": g, "busy_ms": BUSY_MS, "busy_cycles": busy, "calls": {}, "backward": {}}
     for n in range(1, g + 1):
         calls = out["calls"][n] = probe_calls(model, x, n, busy) if n > 1 else {}
         back = out["backward"][n] = probe_backward(model, x, n, busy)
@@ -156,7 +155,7 @@ def main() -> None:
                   f"{(last[-1][0] + last[-1][1]) * 1e3:.2f} ms; chunk host ms median {med(c[1] for c in last) * 1e3:.3f}"
                   f", max {max(c[1] for c in last) * 1e3:.3f}; reduce_add_coalesced "
                   + ", ".join(f"{s * 1e3:.2f}-{(s + d) * 1e3:.2f} ms" for s, d in back["coalesced_idle"][-1]))
-    Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+    record.write(Path(sys.argv[1]), torch.device("cuda", 0), **out)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ def test_ddp_costs_are_ddps_time_less_the_modules_per_further_tensor():
     costs = ddp_costs({f"call_{k}_1gpus": v * 1e-6 for k, v in us.items()})
     assert costs == pytest.approx({"ddp_forward_s": 15e-6, "ddp_backward_s": 100e-6, "ddp_param_s": 7e-6})
 
+
 def test_a_tiny_hogwild_moves_the_shared_parameters():
     result = hogwild_steps("1x16x8", processes=2, duration_s=0.2)
     assert result["params_moved"]
