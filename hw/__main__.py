@@ -6,19 +6,19 @@ import argparse
 import importlib
 import sys
 
-from hw.teardown import adopt_parent
+from hw.run.teardown import adopt_parent
 from parsim.cli import OneLineErrors, run_command
 
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
 COMMANDS = {
-    "measure": ("hw.measure", "How long does this pipeline step take on these GPUs (or on the CPU)?"),
-    "calibrate": ("hw.calibrate", "What does this machine cost (layers, host, links)? Writes a parsim profile."),
-    "scenario": ("hw.scenarios", "What does a textbook experiment measure here, beside parsim's prediction?"),
-    "validate": ("hw.validate", "How close are parsim's predictions to a grid of steps measured here?"),
+    "measure": ("hw.measure.command", "How long does this pipeline step take on these GPUs (or on the CPU)?"),
+    "calibrate": ("hw.calibrate.command", "What does this machine cost (layers, host, links)? Writes a parsim profile."),
+    "scenario": ("hw.measure.scenarios", "What does a textbook experiment measure here, beside parsim's prediction?"),
+    "validate": ("hw.measure.validate", "How close are parsim's predictions to a grid of steps measured here?"),
 }
 
 
-def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]:
+def parser_for(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]:
     """The full parser for the chosen subcommand only: the others' modules (and torch) stay unloaded."""
     parser = OneLineErrors(prog="python -m hw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
@@ -34,9 +34,9 @@ def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]
 def main(argv: list[str] | None = None) -> int:
     adopt_parent()  # started by another hw command (hw validate's calibration): die with it
     argv = sys.argv[1:] if argv is None else argv
-    parser, module = _parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    parser, module = parser_for(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
-    from hw.workers import under_torchrun  # torch is loaded by now: the chosen command's module imports it
+    from hw.run.ranks import under_torchrun  # torch is loaded by now: the chosen command's module imports it
 
     if args.command != "measure" and under_torchrun():
         print(f"error: `hw {args.command}` starts its own processes; run it without torchrun "

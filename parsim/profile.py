@@ -170,8 +170,8 @@ class GilCosts:
     and (measured on 2+ GPUs) its own calls' host time by GPU count, `calls`: name -> ((gpus, seconds), ...) rising,
     for scatter, parallel_apply (its threads alone), gather, broadcast and reduce_add (one chunk each), the last two's
     cost per further chunk (broadcast_chunk, reduce_add_chunk) and a probe model's backward over 1..N GPUs
-    (backward: autograd's device threads together; hw.data_parallel.call_probes).
-    A plain step's host costs beyond an elementwise launch's (hw.step_costs; None where not measured, before
+    (backward: autograd's device threads together; hw.interfaces.data_parallel.call_probes).
+    A plain step's host costs beyond an elementwise launch's (hw.interfaces.step_costs; None where not measured, before
     2026-11-27): calling a module (module_call_s), loss.backward() (backward_call_s) and a small matrix product's
     launch (matmul_launch_s); since 2026-11-27 afternoon also zero_grad(set_to_none=True) of a module with one
     parameter tensor (zero_grad_s), each further module and parameter tensor (zero_grad_module_s,
@@ -179,11 +179,14 @@ class GilCosts:
     its autograd nodes' share of loss.backward() beyond backward_call_s and the seed's launch (linear_backward_s),
     and a small step's final sync (step_sync_s: its last kernels' tail and the wake-up; host.sync_s is an idle
     GPU's).
-    DistributedDataParallel's own host costs beyond the module's (hw.data_parallel, a process group of one rank;
+    DistributedDataParallel's own host costs beyond the module's (hw.interfaces.data_parallel, a process group of one rank;
     2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
     all-reduce call for one parameter tensor (ddp_backward_s) and each further one (ddp_param_s).
     handoff_share: of the launches of two threads launching together, the share that followed the other thread's
     (the GIL went to the thread its release woke, not back to the releaser); None before 2026-11-27: 0.
+    launch_curve: ((threads, seconds), ...) rising: 1-8 threads launching small kernels together, the time per launch
+    of all of them (`hw calibrate --interfaces` since 2026-11-28); where present, the GIL model's contended launches
+    follow it (parsim.sim.gil.Gil.held_s), and the GIL experiment only checks it.
     """
 
     launch_s: float
@@ -208,6 +211,7 @@ class GilCosts:
     ddp_param_s: float | None = None
     step_sync_s: float | None = None
     handoff_share: float | None = None
+    launch_curve: tuple[tuple[int, float], ...] = ()
 
     @property
     def held_s(self) -> float:
@@ -308,8 +312,8 @@ class Profile:
             if doc[key] is None:
                 del doc[key]
         if "gil" in doc:  # measured since 2026-11-27 (calls on 2+ GPUs only): absent where not
-            for key in ("calls", "handoff_share", *GIL_STEP_KEYS):
-                if doc["gil"][key] in ({}, None):
+            for key in ("calls", "handoff_share", "launch_curve", *GIL_STEP_KEYS):
+                if doc["gil"][key] in ({}, None, ()):
                     del doc["gil"][key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
             if not costs["begin_s"]:
@@ -491,23 +495,29 @@ def _gil(doc: dict, where: str) -> GilCosts:
                     **{k: None if doc.get(k) is None else _number(doc, k, where, positive=False)
                        for k in GIL_STEP_KEYS},
                     handoff_share=None if doc.get("handoff_share") is None else
-                    number(doc["handoff_share"], f"{where}.handoff_share", 0.0, 1.0, ProfileError))
+                    number(doc["handoff_share"], f"{where}.handoff_share", 0.0, 1.0, ProfileError),
+                    launch_curve=() if doc.get("launch_curve") is None else
+                    _count_times(doc["launch_curve"], f"{where}.launch_curve", "threads"))
 
 
 def _calls(doc: Any, where: str) -> dict[str, tuple[tuple[int, float], ...]]:
     """DataParallel's calls' host times: name -> [[gpus, seconds], ...], at most one time per GPU count."""
     if not isinstance(doc, dict):
         raise ProfileError(f"{where} must map call names to [gpus, seconds] pairs, got {doc!r}")
-    out = {}
-    for name, points in doc.items():
-        if not isinstance(points, list) or not points or not all(isinstance(q, list) and len(q) == 2 for q in points):
-            raise ProfileError(f"{where}.{name} must be a list of [gpus, seconds] pairs, got {points!r}")
-        at = f"{where}.{name}"
-        pairs = sorted((_whole({"gpus": g}, "gpus", at), _number({"host_s": t}, "host_s", at)) for g, t in points)
-        if len({g for g, _ in pairs}) < len(pairs):
-            raise ProfileError(f"{where}.{name} gives one GPU count twice: {points!r}")
-        out[str(name)] = tuple(pairs)
-    return out
+    return {str(name): _count_times(points, f"{where}.{name}", "gpus") for name, points in doc.items()}
+
+
+COUNT_NAMES = {"gpus": "GPU", "threads": "thread"}
+
+
+def _count_times(points: Any, where: str, count: str) -> tuple[tuple[int, float], ...]:
+    """[[count, seconds], ...] as sorted pairs, at most one time per count."""
+    if not isinstance(points, list) or not points or not all(isinstance(q, list) and len(q) == 2 for q in points):
+        raise ProfileError(f"{where} must be a list of [{count}, seconds] pairs, got {points!r}")
+    pairs = sorted((_whole({count: n}, count, where), _number({"host_s": t}, "host_s", where)) for n, t in points)
+    if len({n for n, _ in pairs}) < len(pairs):
+        raise ProfileError(f"{where} gives one {COUNT_NAMES[count]} count twice: {points!r}")
+    return tuple(pairs)
 
 
 def _resident_comm(doc: dict, where: str) -> ResidentComm:

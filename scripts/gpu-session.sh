@@ -13,8 +13,8 @@
 #     bigrid       the same for 16x4096x16384 with runtimes hw,torch (issue 12)
 #     hostgrid     grid's host-bound stack alone (16x512x4096), runtimes hw,torch (issue 12)
 #     midgrid      grid's 16x2048x8192 alone, runtimes hw,torch (issue 12)
-#     transformer  scripts/measure-transformer.sh: its own calibration, then the Llama-shaped model (issue 14)
-#     interfaces   scripts/measure-interfaces.sh: the GIL experiment and Hogwild with their calibration (issue 19)
+#     transformer  lab/gpu-bound/measure-transformer.sh: its own calibration, then the Llama-shaped model (issue 14)
+#     interfaces   lab/gil/measure-interfaces.sh: the GIL experiment and Hogwild with their calibration (issue 19)
 #     grid2        hw validate on 2 GPUs, runtimes hw,torch,graphs in turns: 16x2048x8192 and 16x512x4096, every
 #                  schedule torch also runs, at 4, 8, 16, 32 micro-batches (issues 12, 13, 18)
 #     splitgrid    hw validate on 2 GPUs, runtimes hw,torch,graphs: the split-backward schedules beside 1F1B at 8 and
@@ -117,8 +117,8 @@ for part in "$@"; do
                   >> "$work/trace2/summary.txt" 2>&1
               done
             done ;;
-    transformer) step 400 transformer scripts/measure-transformer.sh "$work/transformer" ;;
-    interfaces) PYTHON=python step 300 interfaces scripts/measure-interfaces.sh "$work/interfaces" ;;
+    transformer) step 400 transformer lab/gpu-bound/measure-transformer.sh "$work/transformer" ;;
+    interfaces) PYTHON=python step 300 interfaces lab/gil/measure-interfaces.sh "$work/interfaces" ;;
     *) echo "unknown part $part" | tee -a "$work/steps.txt" ;;
   esac
   tar czf "$out/session.tgz" -C "$work" .  # after each part: a call cut off by its limit keeps what was done

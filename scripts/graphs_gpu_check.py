@@ -1,7 +1,7 @@
 """Check the graphed runtime's loss and gradients against one device, for every schedule it runs on one GPU.
 
 For each schedule (one rank, its stages on this GPU) and each mode (a graph per action; one graph per step),
-two steps of hw.graphs' runner, gradients cleared between them, against the whole model on one device running
+two steps of hw.run.cuda_graphs' runner, gradients cleared between them, against the whole model on one device running
 the same micro-batches in turn (bf16: normwise relative error within bf16's tolerance), and against hw's eager
 runner on the same schedule (how many gradient tensors are bit for bit equal). Also a conv net (batch norm).
 Writes one JSON file (date, GPU, torch, the command, every case) and prints a table; exit status 1 if a case fails.
@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from hw.executor import local_runner, make_batch
-from hw.graphs import local_graph_runner
-from hw.workers import release_unused
-from hw.models import build_layer
+from hw.run.stage_runner import local_runner, make_batch
+from hw.run.cuda_graphs import local_graph_runner
+from hw.run.ranks import release_unused
+from hw.nets.blocks import build_layer
 from parsim.files import write_atomic
 from parsim.schedules import build
 from parsim.workload import Model, conv_model, mlp_model, stage_layers

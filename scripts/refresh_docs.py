@@ -119,7 +119,7 @@ def help_text(command: str) -> str:
 
         parser = parsim_parser()
     elif tool == "hw":
-        from hw.__main__ import _parser as hw_parser
+        from hw.__main__ import parser_for as hw_parser
 
         parser = hw_parser(sub[0] if sub else None)[0]
     else:
@@ -226,8 +226,8 @@ def fill_log(block: Block, refresh: bool) -> str:
 
 
 def fill_measured(block: Block, refresh: bool) -> str:
-    from hw.__main__ import _parser as hw_parser
-    from hw.measure import _text
+    from hw.__main__ import parser_for as hw_parser
+    from hw.measure.command import report_text
 
     report = json.loads((block.path.parent / block.arg).read_text())
     config = report["config"] = {"data_parallel": 1, **report["config"]}  # older reports lack data_parallel
@@ -236,7 +236,7 @@ def fill_measured(block: Block, refresh: bool) -> str:
     differ = [k for k in ("schedule", "gpus", "microbatches", "steps", "data_parallel") if getattr(args, k) != config[k]]
     if differ:
         raise DocError(f"the command's {', '.join(differ)} differ from what {block.arg} measured")
-    return fenced([f"$ {command}", *_text(report).splitlines()])
+    return fenced([f"$ {command}", *report_text(report).splitlines()])
 
 
 # --- accuracy -----------------------------------------------------------------------------------------------

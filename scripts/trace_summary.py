@@ -4,7 +4,7 @@
                                     [--predicted [--profile FILE]]
 
 `hw measure --json` reports each rank's compute actions on the GPU's clock (`timeline`: CUDA events around each, one
-step, no profiler); a `--trace` file labels every action `hw:<action>` (hw.measure.ProfilerLabels), on a GPU over
+step, no profiler); a `--trace` file labels every action `hw:<action>` (hw.measure.steps.ProfilerLabels), on a GPU over
 the kernels it launched, and shows the NCCL kernels too, but the profiler slows the host several-fold, so a GPU-bound
 step can turn host-bound under it: read its waits for where they fall, the timeline's for how long they are. Per
 rank: the step's span, the actions' time, the idle time between consecutive actions (the compute stream waiting: for
@@ -35,7 +35,7 @@ from parsim.sim.lower import compute_track  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.workload.models import model_from_spec  # noqa: E402
 
-LABEL = "hw:"  # hw.measure.ProfilerLabels.PREFIX (this script imports no torch)
+LABEL = "hw:"  # hw.measure.steps.ProfilerLabels.PREFIX (this script imports no torch)
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,9 @@ def parse(command: str):
 
         return _parser().parse_args(argv)
     pytest.importorskip("torch")
-    from hw.__main__ import _parser
+    from hw.__main__ import parser_for
 
-    return _parser(argv[0])[0].parse_args(argv)
+    return parser_for(argv[0])[0].parse_args(argv)
 
 
 def test_readme_is_read_in_five_minutes():

@@ -256,3 +256,32 @@ def test_more_cores_never_make_the_threads_faster(n, cores, c0, rise):
     fewer = launch_pace_s(_costs(wake, cores=cores), n)
     more = launch_pace_s(_costs(wake, cores=cores + 1), n)
     assert more >= fewer - 1e-9
+
+
+# --- the launch curve: the calibration of contended launches -------------------------------------------------
+
+LAUNCH_CURVE = ((1, 10.0), (2, 11.0), (4, 25.0), (8, 60.0))
+
+
+@pytest.mark.parametrize("n,pace", [(1, 10.0), (2, 11.0), (3, 18.0), (4, 25.0), (6, 42.5), (8, 60.0), (9, 60.0)])
+def test_launches_that_hold_the_gil_keep_the_launch_curves_pace(n, pace):
+    """k threads launching one at a time: each launch's held time stretched by c_k / c_1 is the pace, linear between
+    the measured counts, flat beyond them; the wake-up curve is not paid on top (the launch curve holds it)."""
+    gil = dataclasses.replace(_costs(CURVE, released_s=None), launch_curve=LAUNCH_CURVE)
+    assert launch_pace_s(gil, n) == pytest.approx(pace, rel=1e-9)
+
+
+def test_the_launch_curve_stretches_a_held_step_by_the_threads_launching_when_it_takes_the_gil():
+    """Two threads taking turns (every release handed over), c_2 / c_1 = 3: a's first step runs before b has
+    started (x1), the next two while both launch (x3), b's last after a has ended (x1)."""
+    m = Machine()
+    costs = dataclasses.replace(_costs(CURVE, released_s=None), launch_curve=((1, 1.0), (2, 3.0)), handoff_share=1.0)
+    gil = Gil.calibrated(m.env, costs)
+    kernel = m.op("gpu0", "kernel", 1.0)
+    a, b = gil_thread(m, "a", gil), gil_thread(m, "b", gil)
+    a.steps += [GilLaunch(None, 1.0, 0.0)] * 2
+    b.steps += [GilLaunch(None, 1.0, 0.0), GilLaunch(kernel, 1.0, 0.0), Sync((kernel,))]
+    m.run()
+    assert [end for _, _, end in a.launch_spans] == pytest.approx([1.0, 7.0])
+    assert [end for _, _, end in b.launch_spans] == pytest.approx([4.0, 8.0])
+    assert gil.wake_s == 0.0  # the curve holds the wake-ups

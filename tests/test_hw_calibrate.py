@@ -11,10 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate import (BESIDE_ROUNDS, compute_share, fit_affine, fitted_costs, host_costs, layer_costs,  # noqa: E402
-                          stretched)
-from hw.calibrate_transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
-from hw.opcosts import LEAD_MARGIN, duty_lead_s, slowest_issue_s  # noqa: E402
+from hw.calibrate.links import BESIDE_ROUNDS, compute_share
+from hw.calibrate.fit import fit_affine
+from hw.calibrate.layers import fitted_costs, layer_costs, stretched
+from hw.calibrate.host import host_costs
+from hw.calibrate.transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
+from hw.timing import LEAD_MARGIN, duty_lead_s, slowest_issue_s  # noqa: E402
 from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -170,7 +172,7 @@ def test_a_split_backwards_extra_host_cost_per_layer_is_its_slope_beyond_forward
 
 
 def test_whole_steps_set_the_host_level_and_the_spans_only_each_ops_share():
-    from hw.host_steps import hw_level, leveled
+    from hw.calibrate.host_steps import hw_level, leveled
 
     # hw's whole steps follow 300 us a step + 90 us an action + 330 us a layer; the spans said 420 us a layer
     rows = [{"runtime": "hw", "schedule": "gpipe", "stages": 1, "microbatches": m, "layers": k,
@@ -185,7 +187,7 @@ def test_whole_steps_set_the_host_level_and_the_spans_only_each_ops_share():
 
 
 def test_the_host_level_is_an_adding_backwards_cost_where_each_steps_first_backward_saves_the_adds():
-    from hw.host_steps import hw_level
+    from hw.calibrate.host_steps import hw_level
 
     # every step's first backward adds no gradients: 40 us a layer less, once a step
     rows = [{"runtime": "hw", "schedule": "gpipe", "stages": 1, "microbatches": m, "layers": k,
@@ -198,7 +200,7 @@ def test_the_host_level_is_an_adding_backwards_cost_where_each_steps_first_backw
 
 
 def test_grad_add_host_is_the_slope_of_an_adding_first_backward_over_a_fresh_one():
-    from hw.calibrate import grad_add_host
+    from hw.calibrate.host import grad_add_host
 
     per_layer, rows = grad_add_host(torch.device("cpu"), torch.float32, rounds=2)
     assert [r["layers"] for r in rows["rows"]] == [1, 2, 4, 8]

@@ -9,9 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.executor import gradient_step_worker, make_batch  # noqa: E402
-from hw.models import build_layers  # noqa: E402
-from hw.workers import spawn  # noqa: E402
+from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.stage_runner import make_batch  # noqa: E402
+from hw.nets.blocks import build_layers  # noqa: E402
+from hw.run.ranks import spawn  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, mlp_model  # noqa: E402
@@ -94,7 +95,7 @@ def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ran
 @pytest.mark.parametrize("name,ranks,microbatches", [("interleaved-1f1b", 2, 2), ("torch:DualPipeV", 2, 4)])
 def test_the_runner_runs_parsims_dataflow(name, ranks, microbatches):
     """Each action runs in program order with iter_waits' data deps, waiting first for the receive among them."""
-    from hw.executor import StageRunner, stage_modules
+    from hw.run.stage_runner import StageRunner, stage_modules
     from parsim.sim.dataflow import iter_waits
 
     schedule = build(name, ranks, microbatches)
@@ -122,12 +123,12 @@ def test_split_backward_computes_each_gradient_once():
     """I then W cost what one B costs: W runs each weighted module's own backward node, nothing more."""
     import torch.nn as nn
 
-    from hw.executor import _capture_weighted_outputs
+    from hw.run.stage_runner import capture_weighted_outputs
 
     torch.manual_seed(0)
     stage = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).double()
     x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
-    with _capture_weighted_outputs(stage) as captured:
+    with capture_weighted_outputs(stage) as captured:
         y = stage(x)
     assert [m for m, _ in captured] == [stage[0], stage[2]]
     calls = []

@@ -12,9 +12,8 @@ from conftest import make_profile
 
 torch = pytest.importorskip("torch")
 
-from hw.graphcosts import (accumulate_samples, fit_scales, gpu_fits, gpu_ratios, host_samples,  # noqa: E402
-                           profile_parts, runtime_costs)
-from hw.stage_probe import stage_samples  # noqa: E402
+from hw.calibrate.graphs_runtime import accumulate_samples, fit_scales, gpu_fits, gpu_ratios, host_samples, profile_parts, runtime_costs
+from hw.calibrate.stage_probe import stage_samples  # noqa: E402
 from parsim.profile import from_json  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -111,7 +110,7 @@ def test_calibrate_names_the_runtimes_it_measures():
 def test_stage_corrections_make_the_costs_reproduce_the_stages_and_keep_the_backward_split():
     """A stage of n blocks measured 1.3x the layer costs' forward and 0.8x their backward: the corrected costs give
     those times per block at the sampled sizes, input-grad and weight-grad in the layer probes' proportion."""
-    from hw.stage_probe import stage_corrections
+    from hw.calibrate.stage_probe import stage_corrections
     from parsim.profile import LayerCosts, OpCost
     from parsim.workload import Layer
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from hw.gil import gil_costs, launch_loop, launch_times, released_s, unfused  # noqa: E402
-from hw.hogwild import core_speeds, hogwild_steps, rates, run_processes, speed_counts  # noqa: E402
+from hw.interfaces.launch_threads import gil_costs, launch_loop, launch_times, released_s, unfused  # noqa: E402
+from hw.interfaces.hogwild import core_speeds, hogwild_steps, rates, run_processes, speed_counts  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.scenarios import SCENARIOS, compare_figures  # noqa: E402
@@ -90,7 +90,7 @@ def test_gil_costs_keep_their_raw_rounds_and_a_wake_up_per_hold():
 
 
 def test_step_host_costs_time_each_part_of_a_plain_step_beyond_its_launches():
-    from hw.step_costs import step_host_costs
+    from hw.interfaces.step_costs import step_host_costs
     from parsim.profile import GIL_STEP_KEYS
 
     costs = step_host_costs(CPU, launch_s=0.0, repeat=20)
@@ -107,7 +107,7 @@ def test_ddps_own_costs_come_from_its_probes_in_a_process_group_of_one(tmp_path)
     """DDP over one gloo rank runs its hooks and all-reduce as at any size: dearer than the plain module."""
     import torch.distributed as dist
 
-    from hw.data_parallel import ddp_costs, ddp_probes, timed_calls
+    from hw.interfaces.data_parallel import ddp_costs, ddp_probes, timed_calls
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -121,7 +121,7 @@ def test_ddps_own_costs_come_from_its_probes_in_a_process_group_of_one(tmp_path)
 
 
 def test_ddp_costs_are_ddps_time_less_the_modules_per_further_tensor():
-    from hw.data_parallel import DDP_LAYERS, ddp_costs
+    from hw.interfaces.data_parallel import DDP_LAYERS, ddp_costs
 
     us = {"module_forward": 10, "ddp_forward": 25, "module_backward": 40, "ddp_backward": 140,
           f"module_backward_x{DDP_LAYERS}": 100, f"ddp_backward_x{DDP_LAYERS}": 100 + 100 + 7 * (2 * DDP_LAYERS - 2)}
@@ -178,11 +178,11 @@ def test_gil_costs_time_the_experiment_in_their_rounds_apart_from_the_probes():
 
 
 def test_a_calibrated_section_replaces_the_profiles_in_the_prediction():
-    from hw.scenarios import _predicted
+    from hw.measure.scenarios import predicted
 
     shipped = load_profile()
     slower = {"cpu": dataclasses.replace(shipped.cpu, step_s=2 * shipped.cpu.step_s)}
-    plain, calibrated = _predicted("hogwild", None), _predicted("hogwild", None, slower)
+    plain, calibrated = predicted("hogwild", None), predicted("hogwild", None, slower)
     steps = [k for k in plain if k.endswith("_s")]
     assert steps and all(calibrated[k] == pytest.approx(2 * plain[k]) for k in steps)
 
@@ -204,6 +204,7 @@ def test_calibrate_interfaces_adds_both_sections_to_the_base(tmp_path):
     profile = load_profile(out)
     assert profile.gil is not None and profile.cpu is not None and profile.cpu.step_model == "1x16x8"
     assert profile.gil.wake and profile.cpu.core_speed_probe == "step"
+    assert [n for n, _ in profile.gil.launch_curve] == list(range(1, 9))  # the GIL's calibration (issue 47)
     assert profile.layers == load_profile().layers  # the rest is the base's
     samples = json.loads(out.with_name("p.samples.json").read_text())
     assert samples["meta"]["command"].startswith("python -m hw calibrate --interfaces")
@@ -228,14 +229,14 @@ def test_measured_figures_pair_up_with_the_predicted_ones(name, tmp_path):
     assert all(measured > 0 for _, _, measured, _ in rows)
 
 
-# --- nn.DataParallel against DDP (hw.data_parallel) -----------------------------------------------------------
+# --- nn.DataParallel against DDP (hw.interfaces.data_parallel) -----------------------------------------------------------
 
 def _ddp_grads(rank, world, device):
-    """One rank's DDP gradients of the tiny MLP on its ceil(rows / world) rows (hw.workers.spawn's signature)."""
+    """One rank's DDP gradients of the tiny MLP on its ceil(rows / world) rows (hw.run.ranks.spawn's signature)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from hw.data_parallel import build
+    from hw.interfaces.data_parallel import build
 
     model, rows, data = build("mlp", device, tiny=True)
     torch.manual_seed(1)
@@ -247,8 +248,8 @@ def _ddp_grads(rank, world, device):
 
 
 def test_ddp_over_two_gloo_ranks_averages_the_gradients_of_one_process_on_the_whole_batch():
-    from hw.data_parallel import build
-    from hw.workers import spawn
+    from hw.interfaces.data_parallel import build
+    from hw.run.ranks import spawn
 
     per_rank = spawn(_ddp_grads, 2, (), "cpu", timeout_s=60)
     model, rows, data = build("mlp", CPU, tiny=True)
@@ -260,7 +261,7 @@ def test_ddp_over_two_gloo_ranks_averages_the_gradients_of_one_process_on_the_wh
 
 
 def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
-    from hw.data_parallel import measure
+    from hw.interfaces.data_parallel import measure
 
     run = measure((1, 2, 3), "cpu", steps=2, rounds=2, tiny=True, calls=True)
     want = {f"{kind}_{name}_{n}gpus" for kind in ("dp", "ddp") for name in ("text", "mlp") for n in (1, 2, 3)}
@@ -272,10 +273,10 @@ def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
 @pytest.mark.parametrize("call", ["scatter", "parallel_apply", "gather", "broadcast", "reduce_add", "broadcast_chunk",
                                   "reduce_add_chunk", "backward"])
 def test_every_call_hw_times_is_one_the_model_prices(call):
-    """hw.data_parallel.CALLS and parsim's DataParallel step name the same calls: a call timed dearer than the model
+    """hw.interfaces.data_parallel.CALLS and parsim's DataParallel step name the same calls: a call timed dearer than the model
     would otherwise charge makes the step of an MLP stack (many chunks) over two GPUs longer (the probe's backward:
     dearer over two GPUs than over one)."""
-    from hw.data_parallel import CALLS
+    from hw.interfaces.data_parallel import CALLS
     from parsim.scenarios.interfaces import _model_replica
     from parsim.sim.nn_data_parallel import data_parallel_step_s
     from parsim.workload import mlp_model
@@ -289,7 +290,7 @@ def test_every_call_hw_times_is_one_the_model_prices(call):
 
 
 def test_a_coalesced_calls_cost_per_further_chunk_is_its_many_chunk_time_less_its_one_chunk_time_spread():
-    from hw.data_parallel import CHUNKS, call_costs
+    from hw.interfaces.data_parallel import CHUNKS, call_costs
 
     medians = {"call_scatter_2gpus": 1e-4, "call_broadcast_2gpus": 2e-4, f"call_broadcast_x{CHUNKS}_2gpus": 9e-4,
                "call_broadcast_3gpus": 3e-4, f"call_broadcast_x{CHUNKS}_3gpus": 2e-4,  # noise: never below 0
@@ -302,7 +303,7 @@ def test_a_coalesced_calls_cost_per_further_chunk_is_its_many_chunk_time_less_it
 
 
 def test_timed_calls_take_turns_after_a_warmup_and_keep_each_calls_times():
-    from hw.data_parallel import WARMUP, timed_calls
+    from hw.interfaces.data_parallel import WARMUP, timed_calls
 
     order = []
     got = timed_calls({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, [], 3)

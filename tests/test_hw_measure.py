@@ -101,7 +101,7 @@ def test_balancing_the_conv_net_by_a_profile_without_conv_costs_says_what_to_cal
 
 
 def test_each_rank_writes_its_trace_beside_rank_zeros():
-    from hw.measure import trace_path
+    from hw.measure.steps import trace_path
 
     assert trace_path("out/t.json", 0) == "out/t.json"
     assert trace_path("out/t.json", 3) == "out/t.rank3.json"
@@ -176,7 +176,7 @@ def _thread_named(name: str):
 
 
 def test_host_pinned_binds_the_autograd_worker_too_only_when_asked(monkeypatch):
-    from hw.workers import host_pinned
+    from hw.run.ranks import host_pinned
 
     before = os.sched_getaffinity(0)
     with _thread_named("pt_autograd_0") as worker, _thread_named("other") as other:
@@ -190,7 +190,7 @@ def test_host_pinned_binds_the_autograd_worker_too_only_when_asked(monkeypatch):
 
 
 def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monkeypatch):
-    from hw.workers import host_pinned
+    from hw.run.ranks import host_pinned
 
     before = os.sched_getaffinity(0)
     with host_pinned(torch.device("cuda", 0), 0):
@@ -206,7 +206,7 @@ def test_host_pinned_binds_the_thread_to_one_core_on_a_gpu_and_restores_it(monke
 def test_pace_covers_the_lead_and_block_times_from_one_timed_step(monkeypatch):
     """A job whose step takes 4 ms leads each timed sample with ceil(0.15 / 0.004) = 38 untimed steps and times
     ceil(0.05 / 0.004) = 13; a 40 ms step 4 and 2; a 0.4 s step one of each."""
-    from hw import measure
+    from hw.measure import steps as measure
 
     for step_s, expected in ((0.004, (38, 13)), (0.04, (4, 2)), (0.4, (1, 1))):
         clock = [0.0]
@@ -215,4 +215,4 @@ def test_pace_covers_the_lead_and_block_times_from_one_timed_step(monkeypatch):
             clock[0] += step_s
 
         monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-        assert measure._pace(step, lambda: None, None, torch.device("cpu")) == measure.Pace(*expected)
+        assert measure.pace(step, lambda: None, None, torch.device("cpu")) == measure.Pace(*expected)

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from hw.models import LAYER_KINDS  # noqa: E402
+from hw.nets.blocks import LAYER_KINDS  # noqa: E402
 from parsim.workload import Layer  # noqa: E402
 
 LAYERS = [Layer("mlp", 16), Layer("mlp", 24), Layer("conv", 8, side=6), Layer("conv", 16, side=3),

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.opcosts import elementwise_cost, fit_kernel, launch_cost_s, matmul_cost, sync_cost_s  # noqa: E402
+from hw.calibrate.kernels import elementwise_cost, fit_kernel, launch_cost_s, matmul_cost, sync_cost_s  # noqa: E402
 from parsim.profile import KernelCost  # noqa: E402
 
 

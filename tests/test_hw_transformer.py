@@ -9,10 +9,11 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
-from hw.executor import gradient_step_worker, make_batch  # noqa: E402
-from hw.models import build_layers, layer_module, loss_for  # noqa: E402
-from hw.transformer import _RMSNormFunction, lm_loss  # noqa: E402
-from hw.workers import spawn  # noqa: E402
+from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.stage_runner import make_batch  # noqa: E402
+from hw.nets.blocks import build_layers, layer_module, loss_for  # noqa: E402
+from hw.nets.transformer import RMSNormFunction, lm_loss  # noqa: E402
+from hw.run.ranks import spawn  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import Decoder, Embedding, Head, TransformerShape, transformer_model  # noqa: E402
 
@@ -111,9 +112,9 @@ def test_stash_is_the_memory_autograd_keeps(layer, dtype):
 def test_rms_norm_gradients_are_exact_and_it_matches_torchs():
     weight = torch.rand(6, dtype=torch.float64).add_(0.5).requires_grad_()
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, w: _RMSNormFunction.apply(a, w, 1e-5), (x, weight))
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-5), (x, weight))
     ref = torch.nn.functional.rms_norm(x, (6,), weight, 1e-5)
-    assert torch.allclose(_RMSNormFunction.apply(x, weight, 1e-5), ref, rtol=1e-12, atol=0)
+    assert torch.allclose(RMSNormFunction.apply(x, weight, 1e-5), ref, rtol=1e-12, atol=0)
 
 
 MODEL = transformer_model(LLAMA, 2, 6)  # embedding, 2 blocks, head: 4 layers, 6 sequences
@@ -175,7 +176,7 @@ def test_predicted_peak_memory_matches_the_cpu_allocators(name, microbatches, vi
     against the allocator's own count (on a GPU, `hw validate` compares with torch.cuda.max_memory_allocated).
     The CPU's kernels are not a GPU's: this checks what is held when, not a GPU kernel's scratch memory. A split
     backward is predicted less closely (6% low here): what its input-grad keeps is approximate."""
-    from hw.executor import local_runner
+    from hw.run.stage_runner import local_runner
     from parsim.workload import microbatch_tokens, model_from_spec, rank_peak_bytes
 
     model = model_from_spec("llama:8:64:2:128:4:2:256:512")

@@ -1,4 +1,4 @@
-"""parsim's modules import one another without a circle, so each layer reads on its own (issue 16)."""
+"""parsim's and hw's modules import one another without a circle, and no module imports another's private names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent / "parsim"
+REPO = Path(__file__).parent.parent
+ROOT = REPO / "parsim"
+PACKAGES = ("parsim", "hw")
 
 
 def module_names(root: Path = ROOT) -> dict[str, Path]:
@@ -69,11 +71,41 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_parsim_has_no_import_circle():
-    graph = import_graph()
-    assert len(graph) > 20 and "parsim.schedules.from_torch" in graph  # the walk saw the whole package
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_package_has_no_import_circle(package):
+    graph = import_graph(REPO / package)
+    assert len(graph) > 20  # the walk saw the whole package
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def private_imports(path: Path, known: set[str]) -> list[str]:
+    """`from M import _x` and `M._x` where M is one of the project's modules: another module's private name."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known:
+            found += [f"{node.module}.{a.name}" for a in node.names if private(a.name)]
+            aliases |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" in known}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname: a.name for a in node.names if a.asname and a.name in known}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name) \
+                and node.value.id in aliases:
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_imports_another_modules_private_names():
+    known = {name for package in PACKAGES for name in module_names(REPO / package)}
+    files = [f for folder in (*PACKAGES, "tests", "scripts", "benchmarks") for f in (REPO / folder).rglob("*.py")]
+    found = {str(f.relative_to(REPO)): names for f in files if (names := private_imports(f, known))}
+    assert found == {}
 
 
 def test_the_schedule_generators_do_not_import_the_torch_importer():

@@ -60,6 +60,13 @@ def _without(section: str) -> dict:
     return doc
 
 
+def test_a_launch_curve_survives_saving_and_is_absent_where_not_measured():
+    profile = _profile(bandwidth_Bps=1e11)
+    curved = dataclasses.replace(profile, gil=dataclasses.replace(profile.gil, launch_curve=((1, 1e-5), (8, 3e-5))))
+    assert from_json(json.loads(json.dumps(curved.to_json()))).gil.launch_curve == ((1, 1e-5), (8, 3e-5))
+    assert "launch_curve" not in profile.to_json()["gil"]
+
+
 def test_a_profile_without_them_still_loads():
     doc = _without("gil")
     doc.pop("cpu", None)
@@ -79,6 +86,8 @@ def test_a_profile_without_them_still_loads():
     (lambda d: d["gil"].update(calls={"scatter": [[0, 1e-4]]}), r"gil.calls.scatter.gpus must be at least 1"),
     (lambda d: d["gil"].update(calls={"scatter": [[2, -1.0]]}), r"gil.calls.scatter.host_s must be"),
     (lambda d: d["gil"].update(calls={"scatter": [[2, 1e-4], [2, 2e-4]]}), r"gives one GPU count twice"),
+    (lambda d: d["gil"].update(launch_curve=[[1, 1e-5], [1, 2e-5]]), r"launch_curve gives one thread count twice"),
+    (lambda d: d["gil"].update(launch_curve=[[0, 1e-5]]), r"gil.launch_curve.threads must be at least 1"),
     (lambda d: d["cpu"].update(core_speed={"x": 1.0}), r"cpu.core_speed"),
     (lambda d: d["cpu"].update(core_speed={"2": 0.9}), r"no speed for 1 busy core"),
     (lambda d: d.update(cpu=[]), r"cpu is missing or not an object"),

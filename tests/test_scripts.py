@@ -1,9 +1,10 @@
-"""The diagnostic scripts under scripts/ still import: they name hw's and parsim's functions, which move."""
+"""The maintained tools under scripts/: each says what it is for, imports, and does its job on a small case."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-SCRIPTS_DIR = Path(__file__).parent.parent / "scripts"
+REPO = Path(__file__).parent.parent
+SCRIPTS_DIR = REPO / "scripts"
 SCRIPTS = sorted(SCRIPTS_DIR.glob("*.py"))
+SHELL = sorted(SCRIPTS_DIR.glob("*.sh"))
 
 
 def _script(name: str):
@@ -24,31 +27,62 @@ def _script(name: str):
     return module
 
 
+def test_scripts_holds_the_maintained_tools_only():
+    assert len(list(SCRIPTS_DIR.iterdir())) <= 12  # experiments live in lab/
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_each_script_imports(path):
-    _script(path.stem)
+def test_each_tool_imports_and_says_what_it_is_for(path):
+    assert (_script(path.stem).__doc__ or "").strip()
 
 
-def test_gil_handoffs_variants_name_a_placement_and_what_a_launch_does_with_memory():
-    handoffs = _script("gil_handoffs")
-    assert handoffs.variant("free") == ("free", "alloc")
-    assert handoffs.variant("spread-out") == ("spread", "out")
-    assert handoffs.variant("free-del") == ("free", "del")
-    with pytest.raises(SystemExit, match="unknown variant"):
-        handoffs.variant("free-leak")
+@pytest.mark.parametrize("path", SHELL, ids=lambda p: p.name)
+def test_each_shell_tool_parses_and_names_its_usage(path):
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert "usage:" in path.read_text()
 
 
-@pytest.mark.parametrize("memory", ["alloc", "out", "keep", "del"])
-def test_gil_handoffs_loop_logs_every_launch_of_every_thread_whatever_it_does_with_memory(memory, monkeypatch):
+def test_check_predictions_grid_is_what_parsims_parser_accepts():
+    from parsim.cli import main
+
+    points = _script("check_predictions_unchanged").grid("profile.json", quick=True)
+    assert len(points) > 50 and all(argv[:2] == ["predict", "--json"] for argv in points)
+    assert main(points[0]) == 0  # the first point predicts
+
+
+def test_compose_profile_carries_what_the_main_profile_lacks(tmp_path):
+    from parsim.profile import load_profile
+
+    shipped = REPO / "parsim/profiles/default.json"
+    line = _script("compose_profile").compose(shipped, shipped, shipped, shipped, tmp_path / "p.json")
+    composed = load_profile(tmp_path / "p.json")
+    assert "wrote" in line and composed.layers == load_profile(shipped).layers
+
+
+def test_peer_reference_pairs_each_schedule_with_its_one_gpu_step():
+    lines = [{"schedule": "single", "layers": 8, "d": 512, "tokens": 4096, "step_s": 0.02, "gpus": 1, "mb": 1},
+             {"schedule": "1f1b", "layers": 8, "d": 512, "tokens": 4096, "step_s": 0.012, "gpus": 2, "mb": 8},
+             {"schedule": "other", "layers": 8, "d": 512, "tokens": 4096, "step_s": 0.5, "gpus": 2, "mb": 8}]
+    (row,) = _script("peer_reference").rows(lines)
+    assert row["schedule"] == "1f1b" and row["measured_single_gpu_s"] == 0.02 and row["measured_s"] == 0.012
+
+
+def test_torch_orders_check_reads_a_torch_schedules_actions():
+    from parsim.runtimes.torch_pipelining import TORCH
+
+    check = _script("torch_orders_check")
+    acts = check.actions(TORCH.build, "1f1b", 2, 4)
+    assert acts is not None and len(acts) == 2 and all(acts)
+
+
+def test_graphs_gpu_check_finds_the_graphed_gradients_equal_on_the_cpu_stand_in():
     import torch
 
-    handoffs = _script("gil_handoffs")
-    monkeypatch.setattr(handoffs, "WINDOW_S", 0.02)
-    monkeypatch.setitem(handoffs.KEPT, "cpu", 50_000)
-    run = handoffs.logged_loop(torch.device("cpu"), 2, "free", handoffs.physical_cpus(), memory)
-    assert all(n > 0 for n in run["launches"])
-    assert [len(log) for log in run["logs"]] == run["launches"]
-    assert run["per_launch_s"] > 0
+    from parsim.workload import mlp_model
+
+    row = _script("graphs_gpu_check").check(mlp_model(2, 16, 16), "1f1b", None, 2, False, torch.device("cpu"),
+                                            torch.float32)
+    assert row["ok"] and row["bitwise_equal_to_hw_eager"] == row["grad_tensors"]
 
 
 def test_trace_summary_finds_the_compute_streams_waits_and_the_nccl_time_beside_the_actions():
@@ -90,48 +124,10 @@ def test_trace_summary_simulates_the_reports_step_with_parsim_rank_by_rank():
 def test_resident_probe_chunk_runs_a_forward_and_backward_on_the_cpu():
     import torch
 
-    from hw.resident import Chunk
+    from hw.calibrate.resident import Chunk
 
     chunk = Chunk(64, 8, 2, torch.device("cpu"))
     chunk.net.float()
     chunk.x, chunk.dy = chunk.x.float().detach().requires_grad_(), chunk.dy.float()
     chunk()
     assert all(p.grad is not None for p in chunk.net.parameters())
-
-
-def test_relevel_host_keeps_each_widths_gpu_costs_and_with_the_calibrations_grad_add_gives_its_host_costs(tmp_path):
-    from parsim.profile import load_profile
-
-    relevel = _script("relevel_host")
-    calibration = Path(__file__).parent.parent / "data/validation/h200-2026-11-25-gradadd/call2/profile.json"
-    own = load_profile(calibration)
-    for grad_add_s, name in ((None, "same.json"), (0.0, "none.json")):
-        relevel.relevel(calibration, tmp_path / name, calibration.with_name("profile.samples.json"), grad_add_s)
-    same, none = load_profile(tmp_path / "same.json"), load_profile(tmp_path / "none.json")
-    assert same.host.grad_add_s == own.host.grad_add_s > 0 and none.host.grad_add_s == 0
-    assert same.host.step_s == pytest.approx(own.host.step_s, rel=1e-9)
-    for key, costs in own.layers.items():
-        for op in ("forward", "backward_input", "backward_weight"):
-            ours, theirs, plain = getattr(costs, op), getattr(same.layers[key], op), getattr(none.layers[key], op)
-            assert theirs.gpu_s(1e12) == plain.gpu_s(1e12) == ours.gpu_s(1e12)
-            assert theirs.host_s == pytest.approx(ours.host_s, rel=1e-9)
-
-
-def test_gil_trial_simulation_paces_one_thread_at_its_launch_and_hands_every_release_over():
-    trial = _script("gil_trial")
-    segs = [(5e-6, 1e-6), (2e-6, 0.5e-6)]  # two releases a launch: held, then GIL-free
-    alone, wakes = trial.simulate(1, segs, lambda idle, sleepers: 3e-6)
-    assert alone == pytest.approx(8.5e-6) and wakes == []
-    both, wakes = trial.simulate(3, segs, lambda idle, sleepers: 3e-6)  # every release a hand-off: held + wake-ups
-    assert both == pytest.approx(5e-6 + 2e-6 + 2 * 3e-6, rel=0.01)  # launches end unevenly within a round
-    assert {w[3] for w in wakes} == {0, 1}  # woken by the dispatch's release and by the free's
-
-
-def test_gil_trial_splits_a_launch_into_its_releases_keeping_its_held_and_free_time():
-    trial = _script("gil_trial")
-    for releases in (1, 2, 4):
-        segs = trial.segments(8e-6, 1.2e-6, 0.5, releases, hold=3e-6)
-        assert len(segs) == releases
-        assert sum(h for h, _ in segs) == pytest.approx(8e-6 + 3e-6)  # the hold is held too, before the dispatch
-        assert sum(f for _, f in segs) == pytest.approx(1.2e-6)
-        assert segs[0][0] >= 3e-6 and all(f > 0 for _, f in segs)

@@ -90,7 +90,7 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     """The race the check after prctl closes: a parent gone before the child asked (pid 1 adopted it)."""
     import subprocess
 
-    script = ("import os, sys, time; from hw.teardown import die_with_parent; "
+    script = ("import os, sys, time; from hw.run.teardown import die_with_parent; "
               "die_with_parent(int(sys.argv[1])); time.sleep(60)")
     started = time.monotonic()
     child = subprocess.run([sys.executable, "-c", script, "1"], timeout=30)  # pid 1 is not its parent

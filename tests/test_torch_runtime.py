@@ -15,9 +15,10 @@ torch = pytest.importorskip("torch")
 
 from test_hw_executor import _reference  # noqa: E402
 
-from hw.executor import Groups, gradient_step_worker, replica_batch  # noqa: E402
-from hw.runners import job_groups, runner_factory  # noqa: E402
-from hw.workers import spawn  # noqa: E402
+from hw.run.stage_runner import Groups, replica_batch  # noqa: E402
+from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.runtimes import job_groups, runner_factory  # noqa: E402
+from hw.run.ranks import spawn  # noqa: E402
 from parsim.runtimes.torch_pipelining import CLASSES, TORCH  # noqa: E402
 from parsim.schedules import COMPUTE_OPS, Action, Op, act  # noqa: E402
 from parsim.workload import mlp_model  # noqa: E402
@@ -276,8 +277,9 @@ def _with_torch_costs(profile):
 
 def test_a_turns_jobs_take_one_timed_step_each_per_round(monkeypatch):
     """Warm-ups first, then rounds of one timed step of each runtime's job in order, then one timed-per-action
-    step of each: whatever runtimes hw.runners registers."""
-    from hw import measure, runners
+    step of each: whatever runtimes hw.run.runtimes registers."""
+    from hw.measure import steps as measure
+    from hw.run import runtimes as runners
     from parsim.schedules import gpipe
 
     log: list[tuple[str, str]] = []
@@ -296,7 +298,7 @@ def test_a_turns_jobs_take_one_timed_step_each_per_round(monkeypatch):
     monkeypatch.setitem(runners.RUNNERS, "b", factory("b", False))
     config = measure.Config(steps=3, warmup=1, dtype="fp32")
     jobs = tuple(measure.Job(gpipe(1, 2), mlp_model(1, 4, 4), config, runtime=r) for r in ("a", "b"))
-    out = measure._time_turn(0, torch.device("cpu"), jobs, [None, None], None)
+    out = measure.time_turn(0, torch.device("cpu"), jobs, [None, None], None)
     timed = [("a", "NoneType"), ("b", "NoneType")]
     assert log == timed + timed * 3 + [("a", "ActionTimer"), ("b", "ActionTimer")]
     assert [len(r["times"]) for r in out] == [3, 3]
@@ -319,7 +321,7 @@ def _probe_rows(step_s: float, action_s: float, layer_s: float, hw_layer_s: floa
 
 
 def test_torchs_host_costs_are_recovered_from_steps_that_follow_the_loop_model():
-    from hw.torch_costs import runtime_costs
+    from hw.calibrate.torch_runtime import runtime_costs
 
     costs, fits, provenance = runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6), 12e-6, p2p_measured=False)
     assert costs.step_s == pytest.approx(300e-6, rel=1e-4) and costs.action_s == pytest.approx(80e-6, rel=1e-4)
@@ -335,7 +337,7 @@ def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(
     (issue 17). With no ratio to take, layer_host is hw's runner's (1), listed as unmeasured."""
     import numpy as np
 
-    from hw import torch_costs
+    from hw.calibrate import torch_runtime as torch_costs
     from parsim.profile import Profile, load_profile, profile_json
 
     fitted = {"torch": np.array([300e-6, 80e-6, 150e-6]), "hw": np.array([200e-6, 50e-6, hw_layer_s])}
@@ -349,7 +351,7 @@ def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(
 
 
 def test_an_interleaved_step_the_fit_does_not_predict_is_a_poor_check():
-    from hw.torch_costs import CHECKED, runtime_costs
+    from hw.calibrate.torch_runtime import CHECKED, runtime_costs
 
     rows = _probe_rows(300e-6, 80e-6, 150e-6, 100e-6)
     for r in rows:

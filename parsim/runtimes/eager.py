@@ -1,4 +1,4 @@
-"""hw's own runner: parsim's action lists executed one by one with eager PyTorch (hw.executor)."""
+"""hw's own runner: parsim's action lists executed one by one with eager PyTorch (hw.run.stage_runner)."""
 
 from __future__ import annotations
 

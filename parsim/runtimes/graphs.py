@@ -1,4 +1,4 @@
-"""hw's runner with CUDA graphs (hw.graphs): hw's action lists, each compute action one graph launch.
+"""hw's runner with CUDA graphs (hw.run.cuda_graphs): hw's action lists, each compute action one graph launch.
 
 Each stage's forward and backward of each micro-batch are captured once and replayed per action: the
 host pays one launch per action (`action_s`), no per-layer launches (`layer_host`, measured: about 0), and

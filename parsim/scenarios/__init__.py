@@ -1,4 +1,4 @@
-"""The textbook experiments as simulated scenarios, by name; `hw.scenarios` measures the same programs.
+"""The textbook experiments as simulated scenarios, by name; `hw.measure.scenarios` measures the same programs.
 
 Each scenario builds host programs on the machine model from a profile's measured costs and returns
 named times; the `headline` figure is the one compared with the measurement. base.py: what a scenario

@@ -1,4 +1,4 @@
-"""What a scenario is: a textbook experiment simulated from a profile, its figures named as hw.scenarios measures them."""
+"""What a scenario is: a textbook experiment simulated from a profile, its figures named as hw.measure.scenarios measures them."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def need_kernel(profile: Profile, kind: str) -> KernelCost:
 
 
 def with_op_costs(profile: Profile, costs: dict) -> Profile:
-    """`profile` with the host and kernel costs that `python -m hw.opcosts` measured (its JSON)."""
+    """`profile` with the host and kernel costs that `python -m hw.calibrate.kernels` measured (its JSON)."""
     try:
         host = dataclasses.replace(profile.host, launch_s=float(costs["host"]["launch_s"]),
                                    sync_s=float(costs["host"]["sync_s"]))

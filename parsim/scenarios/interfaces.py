@@ -28,7 +28,7 @@ DP_GPUS = tuple(range(1, 9))
 HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
 HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
 TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
-MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16); hw.data_parallel builds it from these
+MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16); hw.interfaces.data_parallel builds it from these
 
 
 # --- the GIL experiment ---------------------------------------------------------------------------
@@ -68,6 +68,9 @@ def launch_ratios(per_launch_s: dict[int, float]) -> dict[str, float]:
             **{f"launch_threads{n}_speedup_ratio": one / t for n, t in per_launch_s.items()}}
 
 
+CURVE_CHECK = ("the GIL's launch curve (1-8 threads launching together) is this profile's calibration: the model's "
+               "contended launches follow it, so the launch experiment's figures check the calibration (a run of "
+               "the same probe at another time), they are not a prediction")
 GIL_GAP = ("known gap: on the lent H200 machines this GIL model predicts one and two threads' launches but is fast "
            "from three threads on, where a thread that takes the GIL from another runs its Python several times "
            "slower (docs/model.md, the interfaces' known gap); DataParallel's speedups over 3 or more GPUs are upper "
@@ -76,19 +79,26 @@ GIL_GAP = ("known gap: on the lent H200 machines this GIL model predicts one and
 
 def gil_assumption(gil: GilCosts) -> str:
     """What the GIL model takes from the calibration, in one line."""
-    (s0, c0), (s1, c1) = gil.wake[0], gil.wake[-1]
     held = (f"holds the GIL {gil.held_s * 1e6:.2f} us and runs {gil.released_s * 1e6:.2f} us without it (the op "
             "issued from TorchScript)" if gil.released_s is not None else "holds the GIL all its time (its "
             "GIL-free part was not measured)")
     cores = f"threads on {gil.cores} cores" if gil.cores else "a core per thread"
     share = gil.handoff_share or 0.0
     where = "(as two threads did)" if gil.handoff_share is not None else "(not measured before 2026-11-27)"
+    if gil.launch_curve:
+        one = gil.launch_curve[0][1]
+        curve = ", ".join(f"x{s / one:.2f} at {n}" for n, s in gil.launch_curve if n > 1)
+        woken = ("while k threads launch, each GIL-held step lasts the launch curve's c_k / c_1 of its time alone "
+                 f"({curve}; measured with 1-8 threads launching together), wake-ups included")
+    else:
+        (s0, c0), (s1, c1) = gil.wake[0], gil.wake[-1]
+        woken = ("each release wakes the first sleeper, and the releaser pays a wake-up that grows with how long "
+                 f"the sleeper's core was idle ({c0 * 1e6:.1f} us after {s0 * 1e6:.0f} us idle, {c1 * 1e6:.1f} us "
+                 f"after {s1 * 1e6:.0f} us; measured with two threads holding the GIL longer per launch)")
     return (f"GIL: a launch takes {gil.launch_s * 1e6:.2f} us alone and {held}; a thread that finds the GIL held "
-            "sleeps in line; each release wakes the first sleeper, and the releaser pays a wake-up that grows with "
-            f"how long the sleeper's core was idle ({c0 * 1e6:.1f} us after {s0 * 1e6:.0f} us idle, "
-            f"{c1 * 1e6:.1f} us after {s1 * 1e6:.0f} us; measured with two threads holding the GIL longer per "
-            f"launch); a launching thread leaves the GIL to the one it woke at {share:.0%} of its releases {where} "
-            f"and takes it back first at the rest; {cores}; CPython's forced switch (every 5 ms) is left out")
+            f"sleeps in line; {woken}; a launching thread leaves the GIL to the one it woke at {share:.0%} of its "
+            f"releases {where} and takes it back first at the rest; {cores}; CPython's forced switch (every 5 ms) "
+            "is left out")
 
 
 # --- nn.DataParallel against DistributedDataParallel ------------------------------------------------
@@ -161,7 +171,7 @@ def _text_replica(profile: Profile, batch: int) -> Replica:
 
 
 def mlp_tensors(hidden: int, dtype_bytes: int) -> tuple[int, ...]:
-    """An MLP block's parameter tensors' bytes in module order, as hw.models.MlpBlock holds them: the layer norm's
+    """An MLP block's parameter tensors' bytes in module order, as hw.nets.blocks.MlpBlock holds them: the layer norm's
     scale and shift, fc1's weight and bias, fc2's weight and bias."""
     return tuple(n * dtype_bytes for n in (hidden, hidden, 4 * hidden**2, 4 * hidden, 4 * hidden**2, hidden))
 
@@ -233,7 +243,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     gil = need_gil(profile)
     figures = launch_figures(gil)
     assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
-                                    calls_assumption(gil), GIL_GAP,
+                                    calls_assumption(gil), CURVE_CHECK if gil.launch_curve else GIL_GAP,
                                     f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "

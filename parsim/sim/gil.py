@@ -12,6 +12,11 @@ run on the 2-core development machine, 0.84-0.88 on the H100 and H200 machines).
 its time (every calibration since 2026-11-25) the launching threads' pace is the same either way; which thread's
 launches go first is not, and DataParallel's forward threads each feed their own GPU. A thread that leaves (it
 syncs, joins or ends) hands the GIL to the one it woke.
+Where the calibration measured the launch curve (1-8 threads launching together, `GilCosts.launch_curve`), the
+curve is the calibration: while k threads launch, a GIL-held step lasts its own time stretched so that k threads'
+launches keep the measured pace (`contention`, `Gil.stretched`), and wake-ups cost nothing apart (the curve holds them). On the lent
+machines a thread that takes the GIL from another runs its Python several times slower at 3-8 threads, which no
+probe at one or two threads predicts (docs/lab/data-parallel-interfaces.md).
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
@@ -45,6 +50,20 @@ def wake_cost(points: Sequence[tuple[float, float]]) -> WakeCost:
         return lambda slept_s: 0.0
     slept, cost = np.array(points, dtype=float).T
     return lambda slept_s: float(np.interp(slept_s, slept, cost))
+
+
+def contention(curve: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+    """k launching threads -> how much longer a GIL-held step lasts than with one thread: c_k / c_1 of the launch
+    curve, linear between the measured counts and flat beyond them.
+
+    k threads whose launches hold the GIL all their time (as hw calibrate measures them) launch one at a time, so
+    their pace is each launch's held time: stretched so, it is the curve's c_k exactly.
+    """
+    if not curve:
+        return lambda k: 1.0
+    counts, per_launch = np.array(curve, dtype=float).T
+    factors = per_launch / float(np.interp(1.0, counts, per_launch))
+    return lambda k: 1.0 if k <= 1 else float(np.interp(k, counts, factors))
 
 
 def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[float, float], ...]:
@@ -106,9 +125,11 @@ class Gil:
     """
 
     def __init__(self, env: simpy.Environment, wake: WakeCost | None = None, cores: int | None = None,
-                 handoff_share: float = 0.0):
+                 handoff_share: float = 0.0, contended: Callable[[int], float] | None = None):
         self.env = env
         self.wake = wake or (lambda slept_s: 0.0)
+        self.contended = contended or (lambda k: 1.0)
+        self.launching: set[int] = set()  # id() of the threads in a run of GIL-held steps
         self.cores = cores
         self.handoff_share = handoff_share
         self._handoff_credit = 0.0
@@ -124,8 +145,15 @@ class Gil:
 
     @classmethod
     def calibrated(cls, env: simpy.Environment, costs: GilCosts) -> Gil:
-        """The GIL of a process on the calibrated host: its wake-up curve, cores and hand-off share."""
+        """The GIL of a process on the calibrated host: its launch curve (or else its wake-up curve), cores and
+        hand-off share."""
+        if costs.launch_curve:
+            return cls(env, None, costs.cores, costs.handoff_share or 0.0, contention(costs.launch_curve))
         return cls(env, wake_cost(costs.wake), costs.cores, costs.handoff_share or 0.0)
+
+    def stretched(self, held_s: float) -> float:
+        """How long a step that holds the GIL held_s alone holds it while the threads now launching do."""
+        return held_s * self.contended(len(self.launching))
 
     # --- where threads run ---
 
@@ -237,10 +265,12 @@ class GilThread(HostThread):
             if kind is GilLaunch:
                 op, held_s, released_s = step
                 start = env.now
+                gil.launching.add(id(self))
                 handed = gil.take(self)
                 if handed is not None:
                     yield handed
                     gil.running(self)
+                held_s = gil.stretched(held_s)
                 if held_s > 0:
                     gil.held_s += held_s
                     yield env.timeout(held_s)
@@ -258,6 +288,7 @@ class GilThread(HostThread):
                     self.launch_spans.append((op, env.now, env.now + host_s))
                     yield env.timeout(host_s)
             else:
+                gil.launching.discard(id(self))
                 for op in step.ops:
                     if op._done is not True:
                         self.blocked_on = op
@@ -268,6 +299,7 @@ class GilThread(HostThread):
                         yield env.timeout(op.end_s - env.now)
                 self.blocked_on = None
                 self.synced_at.append(env.now)
+        gil.launching.discard(id(self))
         gil.stopped(self)
         self.finished_at = env.now
 

@@ -1,0 +1,41 @@
+"""Affine fits of timings against work, and when a fit is poor."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from parsim.errors import ParsimError
+
+POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported as poor
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    fixed_s: float
+    rate: float
+    r2: float
+    max_rel_residual: float
+
+    @property
+    def poor(self) -> bool:
+        return self.max_rel_residual > POOR_FIT
+
+
+def fit_affine(work: list[float], seconds: list[float]) -> Fit:
+    """seconds ~ fixed_s + work / rate, least squares on relative residuals (sizes span decades)."""
+    w, t = np.asarray(work, float), np.asarray(seconds, float)
+    if len(w) < 2 or np.any(t <= 0):
+        raise ParsimError("a fit needs at least two positive timings")
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        return (p[0] + w * p[1]) / t - 1
+
+    slope0 = max((t[-1] - t[0]) / max(w[-1] - w[0], 1e-30), 1e-30)
+    sol = least_squares(residuals, x0=[t.min() / 2, slope0], bounds=([0, 1e-30], [np.inf, np.inf]))
+    fixed, per_unit = sol.x
+    pred = fixed + w * per_unit
+    r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
+    return Fit(float(fixed), float(1 / per_unit), float(r2), float(np.max(np.abs(pred / t - 1))))

@@ -1,0 +1,134 @@
+"""The host's cost per layer and per action, timed around the actions of hw's own runner on tiny layers."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import torch
+
+from hw.calibrate.fit import Fit, fit_affine
+from hw.run.ranks import host_pinned
+from hw.timing import median_s, sync
+from parsim.workload import Layer, Model, mlp_model
+
+# layers per stage when timing the host: the slope is per layer, the rest per action; k downsampling blocks
+# start on a 2^k map, so they stop at 4 to stay small
+HOST_DEPTHS = {"mlp": (1, 2, 4, 8), "conv": (1, 2, 4, 8), "down": (1, 2, 3, 4)}
+
+
+def host_stage(kind: str, layers: int, tokens: int) -> Model:
+    """A stage of `layers` tiny layers of one kind, to time the host: MLP blocks of 64, conv blocks of 8
+    channels on 4x4 maps, or downsampling blocks from 4 channels doubling to the last one's 1x1 map
+    (from 2 input channels: torch's CPU convolution of a single channel is ~100x slower)."""
+    if kind == "mlp":
+        return mlp_model(layers, 64, tokens)
+    if kind == "conv":
+        return Model((Layer("conv", 8, side=4),) * layers, tokens)
+    return Model(tuple(Layer("down", 4 << i, side=1 << (layers - 1 - i)) for i in range(layers)), tokens)
+
+
+def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
+                 rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True,
+                 split: bool = False) -> list[dict]:
+    """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
+
+    Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
+    it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
+    The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
+    (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
+    Also the host time of an input-grad alone per layer, to split the backward's share (unless not
+    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages. With split, each depth also
+    runs a one-stage ZB-H1 step in the same rounds: its forward, input-grad and weight-grad spans (hw's split path:
+    forward hooks, a wider autograd.grad, one backward call per weighted module).
+    """
+    from hw.run.observers import HostSpans
+    from hw.run.stage_runner import local_runner
+    from parsim.schedules import Op, gpipe, zb_h1
+
+    stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]
+    probes = []
+    for k, model in stages:
+        for schedule in [gpipe(1, microbatches)] + ([zb_h1(1, microbatches)] if split else []):
+            runner, io = local_runner(model, schedule, device, dtype)
+            for step in range(3):
+                runner.step(io)
+            probes.append((k, model, runner, io, HostSpans()))
+    with host_pinned(device, 0):  # as hw measure times its steps
+        for _ in range(rounds):
+            for k, model, runner, io, spans in probes:
+                runner.step(io, spans)
+    sync(device)
+    rows = []
+    for k, model, runner, io, spans in probes:
+        if spans.of(Op.BACKWARD_WEIGHT):  # the split probe of the depth just above
+            rows[-1]["split_s"] = sum(statistics.median(spans.of(op)) for op in
+                                      (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT))
+            continue
+        rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
+                     "backward_s": statistics.median(spans.of(Op.BACKWARD))})
+        if not grad_calls:
+            continue
+        x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
+        y = runner.stages[0](x)
+        g = torch.randn_like(y)
+        rows[-1] |= {"input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
+                                                   device, repeat=10),
+                     "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
+                                                  device, repeat=10)}
+    return rows
+
+
+def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit]]:
+    """Per-layer host cost of each op kind, and the per-action rest: slope and intercept over depth.
+
+    The backward's per-layer slope is split into input-grad and weight-grad by their calls' timings.
+    """
+    depth = [r["layers"] for r in rows]
+    fits = {k: fit_affine(depth, [r[k] for r in rows]) for k in ("forward_s", "backward_s")}
+    forward, backward = (1 / fits[k].rate for k in ("forward_s", "backward_s"))
+    share = statistics.median(min(r["input_grad_call_s"] / r["full_grad_call_s"], 1.0) for r in rows)
+    per_layer = {"forward_s": forward, "backward_input_s": backward * share, "backward_s": backward}
+    action_s = (fits["forward_s"].fixed_s + fits["backward_s"].fixed_s) / 2
+    if all("split_s" in r for r in rows):  # what a split micro-batch costs per layer beyond a fused one
+        fits["split_s"] = fit_affine(depth, [r["split_s"] for r in rows])
+        per_layer["split_backward_s"] = max(1 / fits["split_s"].rate - forward - backward, 0.0)
+    return per_layer, action_s, {f"host {k.removesuffix('_s')}": f for k, f in fits.items()}
+
+
+GRAD_ADD_ROUNDS = 20
+
+
+def grad_add_host(device: torch.device, dtype: torch.dtype, rounds: int = GRAD_ADD_ROUNDS) -> tuple[float, dict]:
+    """The host's time per layer to add a backward's weight gradients into .grad (host.grad_add_s): autograd hands a
+    step's first backward of a stage its gradients as they are (.grad is None), and makes each later one add them
+    in, a kernel per parameter tensor (6 per MLP block). Stages of 1-8 tiny blocks (the GPU idle, so a span is the
+    host's) take the first backward of a step with .grad cleared and with it kept, in turns, the order swapped each
+    round; the per-layer cost is the slope over depth of the medians' difference."""
+    from hw.run.observers import HostSpans
+    from hw.run.stage_runner import local_runner
+    from parsim.schedules import Op, gpipe
+
+    probes = []
+    for k in HOST_DEPTHS["mlp"]:
+        runner, io = local_runner(host_stage("mlp", k, 16), gpipe(1, 2), device, dtype)
+        params = [p for module in runner.stages.values() for p in module.parameters()]
+        runner.step(io)
+        probes.append((k, runner, io, params))
+    spans: dict[tuple[int, bool], list[float]] = {(k, fresh): [] for k, *_ in probes for fresh in (True, False)}
+    with host_pinned(device, 0):  # as hw measure times its steps
+        for r in range(rounds):
+            for k, runner, io, params in probes:
+                for fresh in (r % 2 == 0, r % 2 == 1):
+                    if fresh:
+                        for p in params:
+                            p.grad = None
+                    timer = HostSpans(lambda action: action.op == Op.BACKWARD)
+                    runner.step(io, timer)
+                    spans[k, fresh].append(timer.spans[0][1])
+    sync(device)
+    rows = [{"layers": k, "fresh_s": statistics.median(spans[k, True]),
+             "adding_s": statistics.median(spans[k, False])} for k, *_ in probes]
+    extra = [r["adding_s"] - r["fresh_s"] for r in rows]
+    slope = float(np.polyfit([r["layers"] for r in rows], extra, 1)[0])
+    return max(slope, 0.0), {"rows": rows, "per_layer_s": slope}

@@ -1,0 +1,84 @@
+"""`python -m hw calibrate --interfaces`: what the data-parallel and hogwild scenarios need, added to a profile.
+
+The CPU's costs first (its probes fork processes, which must happen before CUDA starts in this one), then
+the GIL's, on GPU 0's streams where there is a GPU, else with CPU ops. The rest of the profile is --base's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from hw.interfaces.hogwild import ROUNDS, RUN_S, cpu_costs, machine
+from hw.interfaces.launch_threads import CALIBRATION_ROUNDS, CROWD_HOLDS_S, HOLDS_S, WINDOW_S, gil_costs
+from parsim.profile import GilCosts, Profile, samples_path, save_profile
+from parsim.scenarios.interfaces import HOGWILD_MODEL, LAUNCH_THREADS
+from parsim.sim.gil import wake_cost
+
+QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
+         "window_s": 0.02, "rounds": 2, "holds_s": (0.0, 32e-6), "crowd_holds_s": (32e-6,)}
+FULL = {"spec": HOGWILD_MODEL, "duration_s": RUN_S, "stream_bytes": 64 << 20, "cpu_rounds": ROUNDS,
+        "window_s": WINDOW_S, "rounds": CALIBRATION_ROUNDS, "holds_s": HOLDS_S, "crowd_holds_s": CROWD_HOLDS_S}
+
+
+def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
+    size = QUICK if quick else FULL
+    device = torch.device("cpu") if quick or not torch.cuda.is_available() else torch.device("cuda", 0)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = "python -m hw " + " ".join(sys.argv[1:])
+    before = machine()
+    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"], size["cpu_rounds"],
+                             source=f"{before['cpu']}, {command}, {now}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ops on {before['cpu']}"
+    gil, gil_raw = gil_costs(device, size["window_s"], size["rounds"], size["holds_s"],
+                             source=f"{name}, torch {torch.__version__}, {command}, {now}",
+                             crowd_holds_s=size["crowd_holds_s"], experiment=LAUNCH_THREADS)
+    profile = dataclasses.replace(base, gil=gil, cpu=cpu)
+    meta = {"command": command, "date": now, "torch": torch.__version__, "python": platform.python_version(),
+            "device": name, "machine_before": before, "machine_after": machine()}
+    samples = samples_path(out)
+    save_profile(profile, out, {"meta": meta, "gil": gil_raw, "cpu": cpu_raw})
+    released = "not timed" if gil.released_s is None else f"{gil.released_s * 1e6:.2f} us of it without the GIL"
+    print(f"GIL ({name}): a launch {gil.launch_s * 1e6:.2f} us alone, {released}; waking a thread whose core slept "
+          + ", ".join(f"{s * 1e6:.0f} us: {c * 1e6:.1f} us" for s, c in gil.wake)
+          + f"; {gil.cores} cores; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
+          + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else "")
+          + f"; beyond their launches a module call {gil.module_call_s * 1e6:.1f} us, loss.backward() "
+            f"{gil.backward_call_s * 1e6:.1f} us; a small matmul's launch {gil.matmul_launch_s * 1e6:.1f} us; "
+            f"zero_grad {gil.zero_grad_s * 1e6:.1f} us (+{gil.zero_grad_module_s * 1e6:.2f} a module, "
+            f"+{gil.zero_grad_param_s * 1e6:.2f} a tensor); a small Linear's forward {gil.linear_forward_s * 1e6:.1f} "
+            f"us, its backward nodes {gil.linear_backward_s * 1e6:.1f} us; the loss {gil.loss_s * 1e6:.1f} us")
+    print("GIL launch curve (the model's contended launches follow it): "
+          + ", ".join(f"{n} threads {s * 1e6:.2f} us" for n, s in gil.launch_curve) + " per launch")
+    print(crowd_line(gil, gil_raw))
+    print(f"CPU ({before['cpu']}): {cpu.cores} cores, core speed (the Hogwild step) "
+          + ", ".join(f"{n}: {s:.2f}" for n, s in sorted(cpu.core_speed.items()))
+          + f"; memory {cpu.core_bandwidth_Bps / 1e9:.1f} GB/s one core, {cpu.bandwidth_Bps / 1e9:.1f} GB/s all; "
+          f"a Hogwild step of {cpu.step_model} {cpu.step_s * 1e3:.2f} ms")
+    print(f"wrote {out} and {samples}")
+    return 0
+
+
+def crowd_line(gil: GilCosts, raw: dict) -> str:
+    """The check the model does not use: many threads holding the GIL longer, read as the model reads them, beside
+    the two-thread curve at the same idle time (equal if a wake-up's cost is set by the idle time alone), and how
+    often the GIL changed hands in the two- and many-thread probes (the model: almost never)."""
+    curve = wake_cost(gil.wake)
+    n = raw["crowd_threads"]
+    checks = ", ".join(f"{c['hold_s'] * 1e6:.0f} us: {c['cost_s'] * 1e6:.1f} us after {c['slept_s'] * 1e6:.0f} us idle "
+                       f"(two threads' curve there: {curve(c['slept_s']) * 1e6:.1f} us)" for c in raw["crowd"])
+    handed = {k: switch_share([h for h in raw["holds"] if h["threads"] == k]) for k in (2, n)}
+    return (f"check: {n} threads holding the GIL longer, each launch's extra cost: {checks or 'not probed'}; the GIL "
+            f"changed hands at {handed[2]:.0%} of two threads' launches and {handed[n]:.0%} of {n} threads'")
+
+
+def switch_share(probes: list[dict]) -> float:
+    """Launches that followed another thread's, over all launches of the probes' rounds."""
+    rounds = [r for p in probes for r in p["rounds"]]
+    return sum(r["switches"] for r in rounds) / max(sum(sum(r["launches"]) for r in rounds), 1)
+

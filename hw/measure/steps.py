@@ -1,0 +1,404 @@
+"""`python -m hw measure`: run the real pipeline, time it, and report what `parsim predict` predicts.
+
+Warm-up steps first, then N timed steps, each between barriers with the device synchronised:
+median and spread of the step time, and peak memory per GPU; then one more step with a timer around
+each compute action (CUDA events; wall clock on the CPU) for per-stage forward and backward times.
+The speedup is over the same model on one device running the whole batch in one step.
+--runtime picks what runs the schedule (hw.run.runtimes: hw's runner, or torch.distributed.pipelining's);
+jobs can also be timed in turns, one step of each per round (hw validate --runtimes), so that the
+host's drift hits them alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from hw.run.observers import ActionTimer
+from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
+from hw.run.runtimes import job_groups, pins_host, runner_factory
+from hw.run.stage_runner import Groups, replica_batch
+from parsim.schedules import Action, Schedule, gpipe
+from parsim.workload import Model, stage_layers
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int
+    warmup: int
+    dtype: str
+    trace: str | None = None
+    trace_token: str = ""  # each rank writes its trace to staged_trace(..., token) until the run has succeeded
+
+
+
+
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One thing to time: a schedule on a model. Ranks beyond the schedule's wait for the next job."""
+
+    schedule: Schedule
+    model: Model
+    config: Config
+    data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
+    copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
+    runtime: str = "hw"  # what runs the schedule (hw.run.runtimes; the schedule is built by parsim's runtime of that name)
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.num_ranks * self.data_parallel
+
+
+Turn = tuple[Job, ...]  # jobs on the same ranks, timed in turns: one step of each per round
+
+
+def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) -> list[list[dict | None]]:
+    """Time every turn's jobs in this one process group, turn after turn, so a grid pays for start-up once."""
+    groups = Groups()
+    out = []
+    for jobs in tqdm(turns, desc="measuring", file=sys.stderr, disable=rank != 0 or len(turns) < 3):
+        made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
+        ranks = jobs[0].ranks
+        team = groups(tuple(range(ranks))) if ranks > 1 else None
+        if rank >= ranks:
+            out.append([None] * len(jobs))
+        else:
+            with _step_bar(jobs, rank == 0 and len(turns) < 3) as bar:  # few turns (hw measure): count their steps
+                out.append(time_turn(rank, device, jobs, made, team, bar.update))
+        release_unused(device)  # the turn's runners, before the next turn's are built
+        if world > 1:
+            dist.barrier()
+    return out
+
+
+class Stepper:
+    """One job's runner on this rank, with its batch: a call runs one training step."""
+
+    def __init__(self, rank: int, device: torch.device, job: Job, made):
+        schedule, model, dtype = job.schedule, job.model, DTYPES[job.config.dtype]
+        self.job = job
+        self.runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
+                                                                   job.data_parallel, job.copy_streams)
+        self.io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
+        self.params = [p for module in stages.values() for p in module.parameters()]
+        self.pinned = pins_host(self.runner)
+
+    def resident_bytes(self) -> int:
+        """What this job holds between its steps: its weights, their gradients, a graphed runner's pools."""
+        tensors = self.params + [p.grad for p in self.params if p.grad is not None]
+        pools = getattr(self.runner, "graph_pool_bytes", None) or {}
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(pools.values())
+
+    def __call__(self, observe=None) -> None:
+        for p in self.params:
+            p.grad = None
+        self.runner.step(self.io, observe)
+
+
+def _step_bar(jobs: Turn, show: bool) -> tqdm:
+    """A progress line on stderr (where it is a terminal) counting the steps of a turn's jobs on this rank."""
+    total = sum(steps_per_job(j.config.steps, j.config.warmup, j.config.trace) for j in jobs)
+    name = " + ".join("the one-device baseline" if j.schedule.num_ranks == 1 else j.schedule.name for j in jobs)
+    return tqdm(total=total, desc=f"measuring {name}", unit="step", file=sys.stderr, delay=1.0, leave=False,
+                disable=None if show else True)
+
+
+def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
+               stepped: Callable[[], object] = lambda: None) -> list[dict]:
+    """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
+    host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
+
+    On a GPU, where a turn has several jobs, each timed step follows untimed steps of the same job, LEAD_S of them
+    at least: a GPU that a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the
+    turn's previous job (an H200 at 1630 against 1980 MHz, reached ~0.1 s into the load;
+    data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to back in training, whatever came
+    before it in the turn. There a sample is a block of steps lasting BLOCK_S at least, each step timed between
+    syncs, the sample their mean: a host-bound step of a few ms varies by up to +-30% from one step to the next
+    on the lent hosts, and a sample taken once per round is dear (the lead). Each sample's steps are kept
+    (`blocks`).
+
+    The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
+    that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
+    A job's peak memory is its own: the process's peak during its step less what the other jobs of the process
+    (the turn's other runtimes, earlier turns' leftovers) held when it began (allocated then, less its own
+    resident bytes), so that one runtime's peak is comparable with a prediction for it alone.
+    """
+    steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made)]
+
+    def settle() -> None:
+        _sync(device)
+        if team is not None:
+            dist.barrier(group=team)
+
+    def pinned(stepper: Stepper):
+        return host_pinned(device, local_rank(rank)) if stepper.pinned else contextlib.nullcontext()
+
+    for stepper in steppers:
+        for _ in range(stepper.job.config.warmup):
+            stepper()
+            stepped()
+    blocks: list[list[list[float]]] = [[] for _ in steppers]
+    peaks = [0] * len(steppers)
+    observe = _killer(rank)
+    lead = len(steppers) > 1 and device.type == "cuda"
+    paces = [pace(stepper, settle, team, device) if lead else Pace(0, 1) for stepper in steppers]
+    for _ in range(max(job.config.steps for job in jobs)):
+        for k, stepper in enumerate(steppers):
+            if len(blocks[k]) == stepper.job.config.steps:
+                continue
+            with pinned(stepper):
+                for _ in range(paces[k].lead):
+                    stepper()
+                _reset_peak(device)
+                settle()
+                others = _others_bytes(device, stepper)
+                block = []
+                for _ in range(paces[k].block):
+                    t0 = time.perf_counter()
+                    stepper(observe)
+                    settle()
+                    block.append(time.perf_counter() - t0)
+                blocks[k].append(block)
+            peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+            stepped()
+    out = []
+    for k, stepper in enumerate(steppers):
+        timer = ActionTimer(device)
+        with pinned(stepper):
+            _reset_peak(device)
+            others = _others_bytes(device, stepper)
+            stepper(timer)
+            settle()
+        peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+        stepped()
+        config = stepper.job.config
+        if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}
+            _profile_one_step(stepper, device, trace_path(config.trace, rank), config.trace_token)
+            stepped()
+        per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
+        out.append({"times": [statistics.mean(b) for b in blocks[k]], "blocks": blocks[k], "per_op": per_op,
+                    "timeline": timer.timeline(),
+                    "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
+                    "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
+    return out
+
+
+LEAD_S = 0.15  # untimed steps of a job before each of its timed samples in a turn: long enough to reach its power state
+BLOCK_S = 0.05  # a timed sample in a turn: the mean of its steps lasting this long at least (one step at least)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How a job is timed in a turn: `lead` untimed steps before each sample, a sample the mean of `block` steps."""
+
+    lead: int
+    block: int
+
+
+def pace(stepper: Stepper, settle: Callable[[], None], team, device: torch.device) -> Pace:
+    """The steps that make LEAD_S and BLOCK_S (one at least), from one step timed now; the same on every rank of
+    the team (the most any rank asks for), so that their steps stay matched."""
+    settle()
+    t0 = time.perf_counter()
+    stepper()
+    settle()
+    step_s = time.perf_counter() - t0
+    steps = torch.tensor([max(1, math.ceil(s / step_s)) for s in (LEAD_S, BLOCK_S)], device=device)
+    if team is not None:
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=team)
+    return Pace(*map(int, steps.tolist()))
+
+
+def _others_bytes(device: torch.device, stepper: Stepper) -> int:
+    """Bytes allocated on the device now that are not `stepper`'s job's."""
+    if device.type != "cuda":
+        return 0
+    return max(torch.cuda.memory_allocated(device) - stepper.resident_bytes(), 0)
+
+
+def own_peak(peak_bytes: int, others_bytes: int) -> int:
+    """A job's peak: the process's, less what other jobs held throughout its step."""
+    return max(peak_bytes - others_bytes, 0)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _killer(rank: int):
+    """The fault-injection hook of HW_KILL_AT (see hw.run.ranks.kill_point), or None."""
+    point = kill_point()
+    if point is None or point[0] != rank:
+        return None
+    seen = iter(range(10**9))
+
+    def observe(action: Action, phase: str) -> None:
+        if phase == "start" and next(seen) == point[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return observe
+
+
+def trace_path(path: str, rank: int) -> str:
+    """Where rank `rank` writes its profiler trace: `path` itself for rank 0."""
+    if rank == 0:
+        return path
+    base, dot, ext = path.rpartition(".")
+    return f"{base}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
+
+
+def staged_trace(path: str, token: str) -> str:
+    """Where a rank writes its trace until the whole run has succeeded: a hidden file beside it."""
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/" * bool(folder) + f".{name[:64]}.{token}.tmp"
+
+
+def keep_traces(paths: list[str], token: str, keep: bool) -> None:
+    """Move every rank's staged trace into place (`keep`), or remove them all: a failed run leaves none."""
+    for path in paths:
+        staged = staged_trace(path, token)
+        if os.path.exists(staged):
+            os.replace(staged, path) if keep else os.unlink(staged)
+
+
+class ProfilerLabels:
+    """Each action of a profiled step as a span named `hw:<action>` (e.g. `hw:F(s0,m1)`) on the host and, on a GPU,
+    over the kernels it launched: every runtime's trace names its actions alike (scripts/trace_summary.py)."""
+
+    PREFIX = "hw:"
+
+    def __init__(self) -> None:
+        self.open: dict[Action, torch.profiler.record_function] = {}
+
+    def __call__(self, action: Action, phase: str) -> None:
+        if phase == "start":
+            self.open[action] = torch.profiler.record_function(f"{self.PREFIX}{action}").__enter__()
+        else:
+            self.open.pop(action).__exit__(None, None, None)
+
+
+def _profile_one_step(one_step, device: torch.device, path: str, token: str = "") -> None:
+    """A torch.profiler Chrome trace of one more step, its actions labelled (ProfilerLabels), written to
+    staged_trace (moved into place by keep_traces), or without a token, atomically into place."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        one_step(ProfilerLabels())
+        _sync(device)
+    tmp = staged_trace(path, token or str(os.getpid()))
+    prof.export_chrome_trace(tmp)
+    if not token:
+        os.replace(tmp, path)
+
+
+def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[dict | None]]:
+    """Run `jobs` on `world` ranks, one after another; per job, each rank's timings (None on ranks it does not use)."""
+    return [results for (results,) in measure_turns([(job,) for job in jobs], world, device, timeout_s)]
+
+
+def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float) -> list[list[list[dict | None]]]:
+    """Run each turn's jobs in turns (see time_turn) on `world` ranks, turn after turn; per turn, per job, each
+    rank's timings (None on ranks it does not use)."""
+    if any(len({job.ranks for job in jobs}) != 1 for jobs in turns):
+        raise ValueError("the jobs of a turn run on the same ranks")
+    jobs = sum(len(t) for t in turns)
+    per_rank = spawn(jobs_worker, world, (turns,), device, timeout_s, deadline_s=deadline_s(timeout_s, jobs))
+    return [[[per_rank[r][t][j] for r in range(world)] for j in range(len(turn))] for t, turn in enumerate(turns)]
+
+
+def deadline_s(timeout_s: float, jobs: int) -> float:
+    """How long a run of `jobs` jobs may take in all: start-up and each job, each up to a --timeout."""
+    return timeout_s * (4 + jobs)
+
+
+def steps_per_job(steps: int, warmup: int, trace: str | None = None) -> int:
+    """Steps a job runs on each of its ranks: warm-up, timed, one with per-action timers, one profiled (--trace)."""
+    return warmup + steps + 1 + (trace is not None)
+
+
+def baseline_job(model: Model, config: Config) -> Job:
+    """The whole model on one device, the whole batch in one step: what speedup is measured against."""
+    return Job(gpipe(1, 1), replace(model, balance=None), Config(config.steps, config.warmup, config.dtype))
+
+
+def report(job: Job, results: list[dict | None], baseline: dict, device: str) -> dict:
+    """The report of one measured job as plain data."""
+    schedule, model, config = job.schedule, job.model, job.config
+    times = results[0]["times"]
+    step, base = statistics.median(times), statistics.median(baseline["times"])
+    per_stage = []
+    for s, rank in enumerate(schedule.stage_to_rank):
+        ops = results[rank]["per_op"]
+        split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
+        backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
+        per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
+                          "peak_memory_bytes": results[rank]["peak_memory_bytes"],
+                          "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
+    return {
+        "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
+        "step_blocks_s": results[0]["blocks"],  # each timed sample's steps (rank 0's): a sample is their mean
+        "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
+        "timeline": [{"rank": rank, "actions": results[rank]["timeline"]}
+                     for rank in sorted(set(schedule.stage_to_rank))],
+        "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
+                   "runtime": job.runtime,
+                   "copy_streams": job.copy_streams,
+                   "microbatches": schedule.num_microbatches,
+                   "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
+                   "balance": [len(r) for r in stage_layers(model, schedule.num_stages)],
+                   "hidden": model.layers[0].hidden, "tokens": model.tokens, "dtype": config.dtype,
+                   "device": _device_name(device), "torch": torch.__version__, "steps": config.steps,
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+    }
+
+
+def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
+        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw") -> dict:
+    """Measure `schedule` (on `data_parallel` replicas) run by `runtime`, and the one-device baseline (hw's runner);
+    the report as plain data."""
+    job = Job(schedule, model, config, data_parallel, copy_streams, runtime)
+    measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
+    return report(job, measured, baseline[0], device)
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+
+
+
+
+
+
+
+
+
+

@@ -1,0 +1,277 @@
+"""`python -m hw validate`: measure a grid of pipeline steps and predict each; one CSV row a point.
+
+The profile comes from --profile, or from a calibration run first (written into --out). Every turn also steps
+the host probe (parsim.hostprobe), so that each point's prediction can be given at the host speed of its turn too.
+The CSV is what `python -m parsim compare --measured FILE` reads to print the error table and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from hw.calibrate.command import RUNTIME_COSTS
+from hw.measure.steps import Config, Job, baseline_job, deadline_s, measure_turns, report, steps_per_job
+from hw.run.ranks import require_gpus
+from hw.run.runtimes import RUNNERS, check_runs
+from hw.run.teardown import child_env
+from parsim import flags
+from parsim.budget import check_cpu_run
+from parsim.compare import COLUMNS, compare
+from parsim.errors import ParsimError
+from parsim.files import check_output, json_text, write_atomic
+from parsim.hostprobe import probe as host_probe
+from parsim.interrupts import Stopped, note
+from parsim.profile import load_profile
+from parsim.runtimes import get_runtime
+from parsim.schedules import SCHEDULES, schedule_name
+from parsim.sim.predict import predict
+from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
+
+
+def _models(text: str) -> list[Model]:
+    """'16x2048x8192,conv:256' -> the models those specs name (see model_from_spec)."""
+    specs = [spec for spec in text.split(",") if spec.strip()]
+    if not specs:
+        raise ParsimError(f"--models names none; it takes specs separated by commas: {MODEL_SPECS}")
+    return [model_from_spec(spec) for spec in specs]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=flags.whole_list(), default="2,4", help="GPU counts, comma-separated (default 2,4)")
+    p.add_argument("--data-parallel", type=flags.whole_list(), default="1", metavar="D,...",
+                   help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
+    p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
+    p.add_argument("--runtimes", default="hw", metavar="NAME,...",
+                   help=f"what runs the schedules (parsim's runtimes hw runs: {', '.join(RUNNERS)}): each point is "
+                        "measured under each, in turns (a step of each per round), and predicted as that runtime runs "
+                        "it; hw's runner is timed with its host thread pinned, the others unpinned (default hw)")
+    p.add_argument("--schedules", default="gpipe,1f1b")
+    p.add_argument("--microbatches", type=flags.whole_list(), default="1,2,4,8,16,32")
+    p.add_argument("--models", default="16x2048x8192,8x256x1024",
+                   help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
+                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a transformer: "
+                        "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or PRESET:BATCH:SEQ (default: a "
+                        "compute-bound and a dispatch-bound MLP stack)")
+    p.add_argument("--profile", type=flags.path, metavar="FILE", help="use this profile instead of calibrating first")
+    p.add_argument("--out", type=flags.path, default="validation", metavar="DIR",
+                   help="folder for the CSV, profile and plots")
+    p.add_argument("--steps", type=flags.positive_int, default=10)
+    p.add_argument("--warmup", type=flags.whole(0), default=3)
+    p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests)")
+    p.add_argument("--timeout", type=flags.seconds, default=120.0)
+
+
+def _profile(args: argparse.Namespace, out: Path, given, conv: bool = False, transformers: list[str] = (),
+             runtimes: tuple[str, ...] = ()):
+    """--profile's (`given`, loaded), or a fresh calibration's (with the conv layers' costs if a model is a conv net,
+    the transformer layers' of the transformers' specs, and the host costs of each runtime other than hw's); one
+    clear error if it lacks a runtime's costs."""
+    if given is not None:
+        profile, path = given, args.profile
+    else:
+        path = out / "profile.json"
+        others = [r for r in runtimes if r in RUNTIME_COSTS]  # those with costs of their own to measure
+        cmd = ([sys.executable, "-m", "hw", "calibrate", "--out", str(path), "--force"]
+               + (["--cpu"] if args.cpu else []) + (["--conv"] if conv else [])
+               + (["--transformer", ",".join(transformers)] if transformers else [])
+               + (["--runtimes", ",".join(others)] if others else []))
+        try:  # the calibration dies with this process (hw.run.teardown), and is stopped when this one is interrupted
+            done = subprocess.run(cmd, text=True, stdout=sys.stderr, env=child_env())
+        except (KeyboardInterrupt, Stopped) as e:
+            note(e, "stopped its calibration (`hw calibrate`)")
+            raise
+        if done.returncode:
+            raise ParsimError(f"calibration failed (exit {done.returncode}); see its output above")
+        profile, path = load_profile(path), str(path)
+    for name in runtimes:
+        get_runtime(name).costs(profile)
+    return profile, str(path)
+
+
+def _runtimes(text: str) -> tuple[str, ...]:
+    """--runtimes: parsim's runtimes that hw runs, in the order given."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ParsimError("--runtimes names none; it takes runtime names separated by commas, e.g. hw,torch")
+    for name in names:
+        get_runtime(name)
+        check_runs(name)
+    return names
+
+
+def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, replicas: int = 1,
+         copy_streams: bool = False, runtime: str = "hw") -> Job | None:
+    """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas, a
+    schedule that refuses these sizes (or the runtime that), more stages than layers, or tokens that do not split
+    evenly."""
+    if gpus % replicas or model.tokens % (microbatches * replicas):
+        return None
+    try:
+        check_runs(runtime, replicas, copy_streams)
+        schedule = get_runtime(runtime).build(name, gpus // replicas, microbatches)
+    except ParsimError:
+        return None
+    if schedule.num_stages > len(model.layers):
+        return None
+    return Job(schedule, model, config, replicas, copy_streams, runtime)
+
+
+def _probe_job(ranks: int, config: Config) -> Job:
+    """The host probe on `ranks` (parsim.hostprobe), timed in every turn beside the points."""
+    schedule, model = host_probe(ranks)
+    return Job(schedule, model, config)
+
+
+def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -> dict:
+    """One CSV row: the point, its measured median and spread, the host probe's median step in its turn, and
+    parsim's prediction."""
+    s, model = job.schedule, job.model
+    predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel, get_runtime(job.runtime))
+    c = measured["config"]
+    measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
+    samples = microbatch_tokens(model, s.num_microbatches, job.data_parallel)
+    return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
+            "layers": len(model.layers), "hidden": model.layers[0].hidden, "tokens": model.tokens,  # for old readers
+            "measured_s": measured["step_time_s"],
+            "measured_min_s": measured["step_time_min_s"], "measured_max_s": measured["step_time_max_s"],
+            "measured_single_gpu_s": measured["single_device_step_s"],
+            "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
+            "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
+            # the most any GPU holds: weights, gradients made in the step, activations and working memory
+            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none")),
+            "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
+            "runtime": job.runtime, "host_probe_s": probe_s,
+            "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
+
+
+def _samples(row: dict, measured: dict, probe: dict) -> dict:
+    """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
+    probe, so that other estimators than the median of sample means can be redone offline."""
+    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams")
+    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe["blocks"]}
+
+
+def _check_cpu_grid(model: Model, turns: list, args: argparse.Namespace) -> None:
+    """Refuse a model's grid on the CPU that cannot finish in time (parsim.budget.check_cpu_run): its points, the
+    host probe beside each and the one-device baseline, in one process group."""
+    if not turns:
+        return
+    heavy = sum(map(len, turns)) + 1  # the points and the baseline (the host probes are tiny)
+    deadline = deadline_s(args.timeout, heavy + len(turns))  # as measure_turns counts: a probe in every turn
+    try:
+        check_cpu_run(model, "fp32", steps_per_job(args.steps, args.warmup), heavy, args.timeout, deadline,
+                      max(turn[0].ranks for turn in turns) > 1, "smaller --models")
+    except ParsimError as e:
+        raise ParsimError(f"{model_spec(model)}: {e}") from None
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
+                                                             "runtime", "dtype", "device", "torch", "date", "profile",
+                                                             "predicted_peak_bytes", "measured_peak_bytes",
+                                                             "host_probe_s"])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buf.getvalue())
+
+
+def _out_folder(text: str) -> tuple[Path, bool]:
+    """--out, checked before any work: an existing, writable folder, or one that can be made (in an existing,
+    writable folder); whether it is new. What validate writes there must not be a folder already."""
+    out = Path(text)
+    if not out.exists():
+        check_output(out, "--out")  # its parent: there and writable
+        return out, True
+    if not out.is_dir():
+        raise ParsimError(f"--out {out} exists and is not a folder")
+    for name in OUTPUT_NAMES:
+        check_output(out / name, "--out's")
+    return out, False
+
+
+def _remove_if_empty(out: Path) -> None:
+    """The --out folder this run made, removed where a failure left it empty."""
+    with contextlib.suppress(OSError):
+        out.rmdir()
+
+
+OUTPUT_NAMES = ("results.csv", "summary.json", "profile.json", "profile.samples.json", "results-step-times.png",
+                "results-speedups.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    gpus, mbs, replicas = args.gpus, args.microbatches, args.data_parallel
+    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    if not schedules:
+        raise ParsimError(f"--schedules names none; choose from {', '.join(sorted(SCHEDULES))} or torch:CLASS")
+    try:
+        schedules = [schedule_name(s) for s in schedules]
+    except argparse.ArgumentTypeError as e:
+        raise ParsimError(str(e)) from None
+    models = _models(args.models)
+    runtimes = _runtimes(args.runtimes)
+    if not args.cpu:
+        require_gpus(max(gpus))
+    given = load_profile(args.profile) if args.profile else None
+    device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
+    config = Config(args.steps, args.warmup, dtype)
+    variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
+    grid = [(model, [turn for p in gpus for d, c in variants for s in schedules for m in mbs
+                     if (turn := tuple(job for r in runtimes if (job := _job(s, p, m, model, config, d, c, r))))])
+            for model in models]
+    if not any(turns for _, turns in grid):
+        raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
+                          "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
+                          "divisible by GPUs)")
+    if args.cpu:  # refused at once, before calibrating, where even a CPU at its peak could not finish in time
+        for model, turns in grid:
+            _check_cpu_grid(model, turns, args)
+    out, new = _out_folder(args.out)
+    if new:
+        try:
+            out.mkdir()
+        except OSError as e:
+            raise ParsimError(f"cannot make --out {out}: {e.strerror or e}") from None
+    try:
+        return _validate(args, out, given, models, runtimes, grid, device, config)
+    except BaseException:
+        if new:
+            _remove_if_empty(out)
+        raise
+
+
+def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], runtimes: tuple[str, ...],
+              grid: list, device: str, config: Config) -> int:
+    """The grid measured, predicted and compared, into `out`."""
+    transformers = [model_spec(m) for m in models if m.transformer is not None]
+    profile, profile_path = _profile(args, out, given, any(m.layers[0].kind in ("conv", "down") for m in models),
+                                     transformers, runtimes)
+    csv_path, rows, samples = out / "results.csv", [], []
+    for model, turns in grid:  # one process group per model; the CSV grows after each
+        if not turns:
+            continue
+        world = max(turn[0].ranks for turn in turns)
+        probed = [turn + (_probe_job(turn[0].ranks, config),) for turn in turns]  # the host's speed in each turn
+        *measured, ((baseline, *_),) = measure_turns(probed + [(baseline_job(model, config),)], world, device,
+                                                     args.timeout)
+        for turn, (*results, probe) in zip(turns, measured):
+            probe_s = statistics.median(probe[0]["times"])
+            for job, result in zip(turn, results):
+                measured_job = report(job, result, baseline, device)
+                rows.append(_row(job, measured_job, profile, profile_path, probe_s))
+                samples.append(_samples(rows[-1], measured_job, probe[0]))
+        _write_csv(csv_path, rows)
+        write_atomic(out / "samples.json", json_text({"points": samples}) + "\n")
+    table, plots = compare(csv_path, out, host_profile=profile)
+    print(table)
+    print(f"wrote {csv_path}, " + ", ".join(map(str, plots)))
+    write_atomic(out / "summary.json", json_text({"points": len(rows), "profile": profile_path}, indent=2) + "\n")
+    return 0

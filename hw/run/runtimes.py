@@ -1,0 +1,86 @@
+"""The runtimes hw runs, by parsim's runtime name (parsim.runtimes): each builds one rank's runner for a job.
+
+A runner factory takes (schedule, model, rank, device, dtype, made groups, data_parallel, copy_streams) and
+returns (runner, its stage modules by stage index, its replica); the runner's `step(io, observe)` runs the
+rank's part of one training step and returns the loss on the last stage. hw's own eager runner is
+hw.run.stage_runner's StageRunner; hw.run.cuda_graphs' GraphRunner replays each action as a CUDA graph ("graphs"), or a
+one-GPU step as one graph ("graphs-step"); hw.run.torch_stages steps torch.distributed.pipelining's own classes
+("torch"). A runner whose `pins_host` is False is timed with its host thread unpinned: hw.run.ranks.host_pinned
+is how hw times its own runners, not how people run others.
+
+The groups a runner gets are made on every rank before its job, as torch needs: hw's channel groups
+(hw.run.stage_runner.replica_groups), or what the runtime registers in GROUPS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hw.run.cuda_graphs import graphs_runner, step_graph_runner
+from hw.run.stage_runner import Groups, replica_batch, replica_groups, replica_runner
+from hw.run.torch_stages import refuse, torch_groups, torch_runner
+from parsim.errors import ParsimError
+from parsim.schedules import Action, Schedule
+from parsim.workload import stage_layers
+
+RunnerFactory = Callable[..., tuple]
+
+RUNNERS: dict[str, RunnerFactory] = {"hw": replica_runner, "torch": torch_runner, "graphs": graphs_runner,
+                                     "graphs-step": step_graph_runner}
+GROUPS: dict[str, Callable[[Schedule, Groups, int], object]] = {"torch": torch_groups}
+REFUSALS: dict[str, Callable[[int, bool], None]] = {"torch": refuse}  # (data_parallel, copy_streams) -> error or None
+
+
+def runner_factory(runtime: str) -> RunnerFactory:
+    """The runner factory of `runtime`, or one clear error naming those hw runs."""
+    if runtime not in RUNNERS:
+        raise ParsimError(f"hw cannot run the {runtime!r} runtime yet; it runs: {', '.join(RUNNERS)}")
+    return RUNNERS[runtime]
+
+
+def job_groups(runtime: str, schedule: Schedule, groups: Groups, data_parallel: int = 1) -> object:
+    """The groups `runtime`'s runner of this job talks in; every rank makes them, in one order."""
+    return GROUPS.get(runtime, replica_groups)(schedule, groups, data_parallel)
+
+
+def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False) -> None:
+    """One clear error, before anything starts, if hw cannot run `runtime` so."""
+    runner_factory(runtime)
+    if runtime in REFUSALS:
+        REFUSALS[runtime](data_parallel, copy_streams)
+
+
+def pins_host(runner) -> bool:
+    """Whether hw times `runner` with its host thread pinned (its own runners; see the module docstring)."""
+    return getattr(runner, "pins_host", True)
+
+
+def _fail_after(n: int) -> Callable[[Action, str], None]:
+    """An observer that raises once n actions have ended (fault injection for tests)."""
+    done = iter(range(10**9))
+
+    def observe(action: Action, phase: str) -> None:
+        if phase == "end" and next(done) == n:
+            raise RuntimeError(f"injected failure after {action}")
+
+    return observe
+
+
+def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
+                         dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
+                         runtime: str = "hw") -> dict:
+    """One pipelined step run by `runtime` (hw.run.runtimes): this rank's loss (last stage, its replica's share) and
+    its parameters' gradients (averaged over replicas) by global name."""
+    from hw.run.runtimes import job_groups, runner_factory
+
+    made = job_groups(runtime, schedule, Groups(), data_parallel)
+    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel)
+    observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
+    loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
+    layer_ids = stage_layers(model, schedule.num_stages)
+    grads = {f"{layer_ids[s][k]}.{name}": p.grad.cpu()
+             for s, module in stages.items() for k, layer in enumerate(module)
+             for name, p in layer.named_parameters()}
+    return {"loss": None if loss is None else loss.cpu(), "grads": grads, "replica": replica}
