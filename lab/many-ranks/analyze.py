@@ -192,8 +192,9 @@ def decompose(result: dict) -> str:
     rounds: s = its measured plain step / its predicted step): per rank, measured - s x model for F, B, messages
     (posting), and what the model has none of (waits, the runner's own loop; the frame: zero_grad, barrier, and on
     the slowest rank its end sync), in ms per step; and the step's plain median against s x predicted."""
-    lines = ["variant                         s     step meas / s*pred   excess | per rank: dF dB dmsg wait+loop "
-             "frame (ms; measured - s x model)"]
+    header = ("variant                         s     step meas / s*pred   excess | per rank: dF dB dmsg wait+loop "
+              "frame (ms; measured - s x model)")
+    lines = [header]
     for name, res in result.items():
         if not name.startswith("pipe:"):
             continue

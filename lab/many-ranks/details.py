@@ -17,7 +17,6 @@ import json
 import statistics as st
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 
 def load_trace(path: str) -> dict:

@@ -416,7 +416,7 @@ def summary(per_rank: list[dict]) -> str:
             for t in traced:
                 per: dict[str, float] = {}
                 for nm, _, a, b, _, depth in t["spans"]:
-                    if depth == 1 and nm.startswith("action:") or nm.startswith("frame:") or nm.startswith("torch._"):
+                    if (depth == 1 and nm.startswith("action:")) or nm.startswith(("frame:", "torch._")):
                         per[nm] = per.get(nm, 0.0) + (b - a)
                 for k, s in per.items():
                     kinds.setdefault(k, []).append(s)

@@ -15,7 +15,6 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 med = statistics.median
 
