@@ -3,7 +3,7 @@
     python lab/many-ranks/host_trace.py --out DIR [--cpu] [--model 16x512x4096] [--runtimes hw,torch]
         [--schedules gpipe,1f1b,interleaved-1f1b] [--microbatches 8,32] [--rounds 4] [--steps 3] [--more]
 
-Two processes (hw.workers.spawn: NCCL on GPUs, gloo with --cpu). Every variant below is built once on each rank, then
+Two processes (hw.run.ranks.spawn: NCCL on GPUs, gloo with --cpu). Every variant below is built once on each rank, then
 timed in rounds, one block of each variant per round (so that the host's drift hits them alike): a lead step, then
 `--steps` plain steps (timed only: step = zero_grad + runner.step + sync + barrier, as hw measure times it) and
 `--steps` traced steps. A traced step records on each rank, on the host's clock (perf_counter) and the main thread's
@@ -28,7 +28,7 @@ With --more also:
 - alone1f1b:RUNTIME:m          alone, in one-rank 1F1B order (F, B, F, B, ...): the order without the messages
 - spin:hw:m                    alone, while rank 1 burns CPU in a Python loop about as long (no CUDA, no messages)
 - alone:hw:m:same, both:hw:m:same, pipe:hw:SCHEDULE:m:same   HW_PIN=same: autograd's worker on the core of the
-                               dispatching thread (hw.workers.host_pinned), not unbound
+                               dispatching thread (hw.run.ranks.host_pinned), not unbound
 Writes DIR/trace.json (every traced step's spans per rank, every plain step's time) and prints a summary.
 """
 
@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's hw and parsim, run from anywhere
-from hw.executor import Groups, replica_batch  # noqa: E402
-from hw.runners import job_groups, pins_host, runner_factory  # noqa: E402
-from hw.workers import host_pinned, local_rank, spawn  # noqa: E402
+from hw.run.stage_runner import Groups, replica_batch  # noqa: E402
+from hw.run.runtimes import job_groups, pins_host, runner_factory  # noqa: E402
+from hw.run.ranks import host_pinned, local_rank, spawn  # noqa: E402
 from parsim.hostprobe import probe as host_probe  # noqa: E402
 from parsim.runtimes import get_runtime  # noqa: E402
 from parsim.schedules import gpipe  # noqa: E402
@@ -142,7 +142,7 @@ class TimedWork:
 
 def instrument(rec: Recorder) -> None:
     """Wrap, in this process only, what hw's runner and torch's runtime call on the host."""
-    import hw.executor
+    import hw.run.stage_runner
 
     class Dist:
         """torch.distributed as hw's executor sees it, with isend / irecv timed (torch's P2POp, which checks for
@@ -166,7 +166,7 @@ def instrument(rec: Recorder) -> None:
             return TimedWork(work, f"wait:{_name}")
 
         setattr(proxy, name, posted)
-    hw.executor.dist = proxy
+    hw.run.stage_runner.dist = proxy
     torch.autograd.backward = rec.timed("autograd.backward", torch.autograd.backward)
     try:
         from torch.distributed.pipelining import schedules as ts
