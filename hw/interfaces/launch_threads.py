@@ -60,7 +60,7 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     With `cpus`, thread i runs on CPU cpus[i] alone (lab/gil/core_pairs.py); else where the OS puts it.
 
     Timed from their common start until the last has stopped, over all their launches; each looks at the clock
-    every BLOCK launches, so a thread asleep at the deadline finishes its block first. A GPU is kept busy
+    every BLOCK launches, so a thread asleep at the deadline finishes its block first (each runs one block at least). A GPU is kept busy
     meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL), how often the GIL
     changed hands between them (switches: a launch by another thread than the one before) and how long their
     streams took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host,
@@ -80,7 +80,7 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
         with torch.cuda.stream(streams[i]) if streams[i] is not None else contextlib.nullcontext():
             go.wait()
             end = deadline[0]
-            while clock() < end:
+            while True:  # a block at least: on a busy host the deadline can pass before a thread wakes
                 for _ in range(BLOCK):
                     x + 1
                     if last[0] != i:  # under the GIL: no other thread runs between the test and the update
@@ -91,6 +91,8 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
                         while clock() < until:
                             pass
                 n += BLOCK
+                if clock() >= end:
+                    break
         counts[i], ends[i] = n, clock()
 
     workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]

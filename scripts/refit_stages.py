@@ -5,7 +5,7 @@ eager costs. For
 calibrations taken before calibrate did so, whose samples hold the stages (taken with `--runtimes graphs`:
 samples.graphs.gpu). The profile is written atomically; its meta says what was refit and from what.
 
-usage: python lab/gpu-bound/refit_stages.py PROFILE OUT [SAMPLES]      (SAMPLES default: PROFILE's stem + .samples.json)
+usage: python scripts/refit_stages.py PROFILE OUT [SAMPLES]      (SAMPLES default: PROFILE's stem + .samples.json)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.calibrate.layers import IN_STEP_MODELS, stretched  # noqa: E402
 from hw.calibrate.graphs_runtime import gpu_ratios  # noqa: E402
 from hw.calibrate.stage_probe import stage_corrections  # noqa: E402
@@ -43,7 +43,7 @@ def refit(profile_path: Path, out: Path, samples_path: Path) -> str:
     runtimes = {k: (dataclasses.replace(v, gpu_ratios=ratios[k]) if k in ratios else v)
                 for k, v in new.runtimes.items()}
     meta = dict(new.meta)
-    meta["refit"] = (f"MLP costs from the calibration's stage samples by lab/gpu-bound/refit_stages.py (in-step slowdown "
+    meta["refit"] = (f"MLP costs from the calibration's stage samples by scripts/refit_stages.py (in-step slowdown "
                      f"x{applied:.3f} applied before; now a check, x{factor:.3f})")
     save_profile(dataclasses.replace(new, runtimes=runtimes, meta=meta), out)
     return (f"wrote {out}: {len({r['hidden'] for r in rows})} widths refit from their stages; in-step slowdown "

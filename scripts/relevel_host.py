@@ -7,7 +7,7 @@ GRAD_ADD_S (default: the profile's host.grad_add_s) is what each stage's first b
 (hw.calibrate.host.grad_add_host): the fits take it off, and the profile carries it (listed as carried_from_base where it
 is not the calibration's own); 0 levels them as calibrate did before 2026-11-25. The torch runtime's costs are refitted too where the samples hold its steps.
 
-usage: python lab/host-bound/relevel_host.py PROFILE OUT [SAMPLES [GRAD_ADD_S]]   (SAMPLES: PROFILE's stem + .samples.json)
+usage: python scripts/relevel_host.py PROFILE OUT [SAMPLES [GRAD_ADD_S]]   (SAMPLES: PROFILE's stem + .samples.json)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.calibrate.host_steps import hw_level, leveled  # noqa: E402
 from hw.calibrate.torch_runtime import runtime_costs  # noqa: E402
 from parsim.profile import LayerCosts, load_profile, save_profile  # noqa: E402
@@ -46,7 +46,7 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
     layers = {k: leveled_layer(v) if k.split("@")[0] == "mlp" else v for k, v in profile.layers.items()}
     new_host = dataclasses.replace(profile.host, action_s=level.action_s, step_s=level.step_s,
                                    split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s)
-    meta = {**profile.meta, "host_level": {"by": f"lab/host-bound/relevel_host.py from {samples_path}",
+    meta = {**profile.meta, "host_level": {"by": f"scripts/relevel_host.py from {samples_path}",
                                            **dataclasses.asdict(level), "grad_add_s": grad_add_s}}
     if given and grad_add_s:
         meta["carried_from_base"] = list(meta.get("carried_from_base") or []) + ["host.grad_add_s"]
