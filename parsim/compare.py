@@ -22,10 +22,13 @@ from pathlib import Path
 
 from parsim import progress
 from parsim.budget import check_actions
+from parsim.configuration import Configuration, Prepared, prepare
 from parsim.errors import ParsimError
 from parsim.files import Outputs, png_bytes
 from parsim.inputs import MAX_SIZE, read_text
+from parsim.profile import Profile
 from parsim.runtimes import get_runtime
+from parsim.sim.predict import Prediction
 from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
@@ -66,6 +69,11 @@ class Point:
         if not (self.predicted_peak_bytes and self.measured_peak_bytes):
             return None
         return self.predicted_peak_bytes / self.measured_peak_bytes - 1
+
+    def configuration(self) -> Configuration:
+        """The measured configuration, to predict again."""
+        return Configuration(self.workload(), self.schedule, self.gpus, self.microbatches,
+                             data_parallel=self.data_parallel, runtime=self.runtime, copy_streams=self.copy_streams)
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -181,19 +189,16 @@ def _points(reader: csv.DictReader, path: str | Path) -> list[Point]:
     return points
 
 
-def _predict(p: Point, profile):
-    from parsim.sim.predict import predict
-
-    runtime = get_runtime(p.runtime)
+def _prepare(p: Point, profile: Profile) -> Prepared:
     progress.phase(f"{p.label} on {p.gpus} GPUs, m={p.microbatches}")
-    return predict(_schedule(p), p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
+    return prepare(p.configuration(), profile)
 
 
-def _schedule(p: Point):
-    return get_runtime(p.runtime).build(p.schedule, p.gpus // p.data_parallel, p.microbatches)
+def _predict(p: Point, profile: Profile) -> Prediction:
+    return _prepare(p, profile).predict()[0]
 
 
-def repredict(points: list[Point], profile, runtime: str | None = None) -> list[Point]:
+def repredict(points: list[Point], profile: Profile, runtime: str | None = None) -> list[Point]:
     """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration), each
     as run by `runtime` where given, else by its own; the peak memory predicted where the CSV has none (what
     `hw validate` predicts: weights, the step's gradients, activations and working memory)."""
@@ -201,8 +206,9 @@ def repredict(points: list[Point], profile, runtime: str | None = None) -> list[
     for p in points:
         if runtime is not None:
             p = replace(p, runtime=runtime)
-        predicted = _predict(p, profile)
-        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), _schedule(p), microbatch_tokens(
+        prepared = _prepare(p, profile)
+        predicted = prepared.predict()[0]
+        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), prepared.schedule, microbatch_tokens(
             p.workload(), p.microbatches, p.data_parallel), "none"))
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))

@@ -23,9 +23,10 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parsim.budget import MAX_ACTIONS, actions, check_plan, cpu_cores, stages_per_rank
+from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError, ProfileError, ScheduleError
 from parsim.interrupts import default_signals
 from parsim.profile import Profile
@@ -34,7 +35,7 @@ from parsim.runtimes.eager import EAGER
 from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.dataparallel import gradient_buckets
-from parsim.sim.predict import Prediction, predict
+from parsim.sim.predict import Prediction
 from parsim.workload import Model, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
@@ -59,6 +60,12 @@ class Candidate:
         split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
         return f"{self.schedule} m={self.microbatches}{v}{dp}{split}"
 
+    def configuration(self, model: Model, gpus: int, copy_streams: bool = False) -> Configuration:
+        """This candidate as a configuration of `model` on `gpus` GPUs, to predict again (a timeline)."""
+        return Configuration(model, self.schedule, gpus, self.microbatches,
+                             self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
+                             self.runtime, copy_streams, self.balance or "equal")
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -73,6 +80,12 @@ class Shape:
     data_parallel: int
     balance: tuple[int, ...] | None
     floor_s: float
+
+    def configuration(self, model: Model) -> Configuration:
+        """This shape as a configuration of `model`."""
+        return Configuration(model, self.schedule, self.num_ranks * self.data_parallel, self.microbatches,
+                             self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
+                             self.runtime, partition=self.balance or "equal")
 
 
 @dataclass(frozen=True)
@@ -214,19 +227,16 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
              optimizer: str = "adam") -> Candidate | None:
     """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
     schedule refuses these sizes."""
-    runtime = RUNTIMES[shape.runtime]
     try:
-        schedule = runtime.build(shape.schedule, shape.num_ranks, shape.microbatches,
-                                 shape.virtual_stages if shape.schedule in VIRTUAL else None)
+        prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-    split = replace(model, balance=shape.balance)
-    memory = memory_bytes(schedule, split, shape.data_parallel, optimizer)
+    memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer)
     prediction = None
     if memory_limit_bytes is None or memory <= memory_limit_bytes:
-        prediction, _ = predict(schedule, split, profile, data_parallel=shape.data_parallel, runtime=runtime)
+        prediction, _ = prepared.predict()
     return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
-                     memory, split.balance, shape.runtime)
+                     memory, prepared.model.balance, shape.runtime)
 
 
 def _evaluate_in_worker(shape: Shape) -> Candidate | None:

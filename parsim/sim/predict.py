@@ -175,32 +175,35 @@ def check_sizes(model: Model, schedule: str, num_ranks: int, microbatches: int, 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
             data_parallel: int = 1, runtime: Runtime | None = None) -> tuple[Prediction, Simulation]:
-    """Predict the step of `model` under `schedule` (on each of `data_parallel` replicas), run by `runtime`
-    (default hw's eager runner), with the simulation behind the numbers."""
-    with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
-        return _predict(schedule, model, profile, copy_streams, data_parallel, runtime)
-
-
-def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool, data_parallel: int,
-             runtime: Runtime | None) -> tuple[Prediction, Simulation]:
+    """Predict the step of `model` under a built `schedule` (on each of `data_parallel` replicas), run by `runtime`
+    (default hw's eager runner), with the simulation behind the numbers. parsim.configuration.predict builds the
+    schedule and splits the model too."""
     run_profile = runtime.costs(profile) if runtime is not None else profile
-    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
-    sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
-    single_s = single_gpu_step_s(model, profile)
-    for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
-        if not (math.isfinite(value) and value > 0):  # a profile loaded from a file is range-checked: not from there
-            raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
-                               "one of its costs or rates is out of range")
-    gpus = schedule.num_ranks * data_parallel
-    busy = sim.busy_s
-    held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
-    per_gpu = []
-    for g in range(gpus):
-        rank = g % schedule.num_ranks
-        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-        per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
-    prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
-                            sim.step_time_s, single_s, model.tokens,
-                            tuple(per_gpu), run_profile.describe(), data_parallel, model.sample,
+    return predict_schedule(schedule, model, profile, run_profile, copy_streams, data_parallel,
                             runtime.name if runtime is not None else "hw")
-    return prediction, sim
+
+
+def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
+                     data_parallel: int, runtime: str) -> tuple[Prediction, Simulation]:
+    """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
+    one-GPU baseline, which hw's eager runner runs."""
+    with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
+        costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
+        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
+        single_s = single_gpu_step_s(model, profile)
+        for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
+            if not (math.isfinite(value) and value > 0):  # a profile loaded from a file is range-checked: not from there
+                raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
+                                   "one of its costs or rates is out of range")
+        gpus = schedule.num_ranks * data_parallel
+        busy = sim.busy_s
+        held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
+        per_gpu = []
+        for g in range(gpus):
+            rank = g % schedule.num_ranks
+            stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+            per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
+        prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
+                                sim.step_time_s, single_s, model.tokens,
+                                tuple(per_gpu), run_profile.describe(), data_parallel, model.sample, runtime)
+        return prediction, sim
