@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from parsim.errors import ModelError, ParsimError
-from parsim.schedules import SPLITS_BACKWARD, VIRTUAL, V_SHAPED
+from parsim.schedules import SPLITS_BACKWARD, V_SHAPED, VIRTUAL
 
 MAX_ACTIONS = 8_000_000  # in one simulated step
 ACTIONS_PER_S, BYTES_PER_ACTION = 600_000, 300  # the walk's pace and memory (see above)

@@ -12,23 +12,32 @@ from pathlib import Path
 
 from parsim import flags, progress
 from parsim.budget import check_actions
+from parsim.configuration import Configuration, Partition, check, predict, prepare
 from parsim.errors import ParsimError, one_line
 from parsim.files import Outputs, json_text
 from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.interrupts import Stopped, describe, stopping
-from parsim.progress import Progress
-from parsim.configuration import Configuration, Partition, check, predict, prepare
-from parsim.sim.machine import gc_paused
-from parsim.sim.predict import Prediction, Simulation
-from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
+from parsim.profile import Profile, load_profile
+from parsim.progress import Progress
 from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, VIRTUAL, schedule_name
-from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
-                             model_from_spec, named_model, partitioned)
-
+from parsim.sim.machine import gc_paused
+from parsim.sim.predict import Prediction, Simulation
+from parsim.workload import (
+    OPTIMIZERS,
+    PARTITIONS,
+    PRESETS,
+    Model,
+    check_balance,
+    conv_model,
+    mlp_model,
+    model_from_spec,
+    named_model,
+    partitioned,
+)
 
 _positive_int = flags.positive_int
 _int_list = flags.whole_list()

@@ -2,8 +2,8 @@
 
 `hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
 are kept and ignored) and `model`, the model's spec (parsim.workload.model_from_spec); a CSV without
-that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is non-empty is shown but left out of the
-error summary, with that column as its measured reason.
+that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is
+non-empty is shown but left out of the error summary, with that column as its measured reason.
 
 The summary is given twice: over every point, and over the points where the GPU sets the pace. A
 point is host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost
@@ -258,7 +258,8 @@ def error_table(points: list[Point]) -> str:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
         lines.append(f"{p.model:<{w}} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
-                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  {'yes' if p.host_sensitive else '':<3}{note}")
+                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  "
+                     f"{'yes' if p.host_sensitive else '':<3}{note}")
     lines.append("")
     gpu_bound = [p for p in points if not p.host_sensitive]
     parts = [("all", points), ("GPU-bound (not host-sensitive)", gpu_bound)]
@@ -308,7 +309,8 @@ def ranking_lines(points: list[Point]) -> list[str]:
         measured = min(ps, key=lambda p: p.measured_s)
         predicted = min(ps, key=lambda p: (round(p.predicted_s, 9), p.predicted_peak_bytes))  # a tie: less memory
         right += predicted is measured
-        miss = "" if predicted is measured else f", which measured {predicted.measured_s / measured.measured_s - 1:+.1%}"
+        slower = predicted.measured_s / measured.measured_s - 1
+        miss = "" if predicted is measured else f", which measured {slower:+.1%}"
         lines.append(f"  {model}, {gpus} GPU(s), m={m}, {runtime}: measured fastest {measured.schedule} "
                      f"({measured.measured_s * 1e3:.2f} ms), predicted fastest {predicted.schedule} "
                      f"({predicted.predicted_s * 1e3:.2f} ms){miss}")
@@ -378,7 +380,8 @@ def speedups_png(points: list[Point]) -> bytes:
             line = ax.plot(xs, [p.predicted_speedup for p in pts], "-", label=f"{schedule}, {gpus} GPUs: predicted")
             ax.plot(xs, [p.measured_speedup for p in pts], "o", color=line[0].get_color(), label="measured")
         ax.set(xscale="log", xlabel="micro-batches", ylabel="speedup over one GPU", title=model)
-        ax.set_xticks(sorted({p.microbatches for p in points}), [str(m) for m in sorted({p.microbatches for p in points})])
+        counts = sorted({p.microbatches for p in points})
+        ax.set_xticks(counts, [str(m) for m in counts])
         ax.legend(fontsize=7)
     return png_bytes(fig)
 

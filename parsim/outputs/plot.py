@@ -43,7 +43,7 @@ def gantt_png(sim: Simulation, title: str = "") -> bytes:
     """The timeline (in ms) as a PNG."""
     rows = _rows(sim)
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
-    for y, (track, bars) in enumerate(rows.items()):
+    for y, bars in enumerate(rows.values()):
         for key, spans in bars.items():
             ax.broken_barh([(s * 1e3, d * 1e3) for s, d in spans], (y - 0.4, 0.8),
                            facecolors=COLOURS.get(key, "tab:red"), edgecolors="white", linewidth=0.3)

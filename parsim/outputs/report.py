@@ -52,7 +52,8 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
     """A short human report: the headline figures, then one row per GPU (elided past max_rows)."""
     lines = [
         f"parsim prediction: {p.schedule} on {p.gpus} GPU(s), {p.microbatches} micro-batches"
-        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages" if p.data_parallel > 1 else "")
+        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages"
+           if p.data_parallel > 1 else "")
         + (f", run by {p.runtime}" if p.runtime != "hw" else ""),
         f"  model     {p.model}",
         f"  profile   {p.profile}",

@@ -27,8 +27,22 @@ from collections.abc import Sequence
 
 from parsim.errors import ScheduleError
 from parsim.runtimes.base import Runtime
-from parsim.schedules import (COMPUTE_OPS, PAIRED_RECV, Action, CommPlan, Op, Schedule, act, dualpipev_orders,
-                              gpipe, interleaved_orders, looped_bfs, one_f_one_b, v_stage_to_rank, zbv)
+from parsim.schedules import (
+    COMPUTE_OPS,
+    PAIRED_RECV,
+    Action,
+    CommPlan,
+    Op,
+    Schedule,
+    act,
+    dualpipev_orders,
+    gpipe,
+    interleaved_orders,
+    looped_bfs,
+    one_f_one_b,
+    v_stage_to_rank,
+    zbv,
+)
 from parsim.schedules.from_torch import TORCH_PREFIX
 
 TORCH_VERSION = "2.11"
@@ -65,7 +79,8 @@ class TorchPipelining(Runtime):
             return _single(name, gpipe(p, m), _gpipe_programs(p, m))
         if name == "1f1b":
             if m < p:
-                raise ScheduleError(f"torch's Schedule1F1B needs at least as many micro-batches as stages ({p}), got {m}")
+                raise ScheduleError(f"torch's Schedule1F1B needs at least as many micro-batches as stages ({p}), "
+                                    f"got {m}")
             return _single(name, one_f_one_b(p, m), _one_f_one_b_programs(p, m))
         owner, slots = _compute_slots(name, p, m, virtual_stages or 2)
         return _runtime_schedule(name, m, owner, slots)

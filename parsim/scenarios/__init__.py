@@ -14,10 +14,22 @@ from collections.abc import Callable
 from parsim.profile import Profile
 from parsim.scenarios.base import ScenarioResult, compare_figures, with_op_costs  # noqa: F401
 from parsim.scenarios.interfaces import data_parallel, hogwild
-from parsim.scenarios.pipelines import (COPY_STREAMS, PIPELINE_SCENARIOS, PIPELINED_RESNET,  # noqa: F401
-                                        RESNET_SPLITS, PipelinePoint, PipelineScenario, predict_pipeline_scenario)
-from parsim.scenarios.textbook import (COPY_PLACEMENTS, async_front_end, copy_compute_overlap,  # noqa: F401
-                                       copy_figures, multi_gpu_matmuls)
+from parsim.scenarios.pipelines import (  # noqa: F401
+                                        COPY_STREAMS,
+                                        PIPELINE_SCENARIOS,
+                                        PIPELINED_RESNET,
+                                        RESNET_SPLITS,
+                                        PipelinePoint,
+                                        PipelineScenario,
+                                        predict_pipeline_scenario,
+)
+from parsim.scenarios.textbook import (  # noqa: F401
+                                        COPY_PLACEMENTS,
+                                        async_front_end,
+                                        copy_compute_overlap,
+                                        copy_figures,
+                                        multi_gpu_matmuls,
+)
 
 SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
     "async": async_front_end,

@@ -1,4 +1,5 @@
-"""What a scenario is: a textbook experiment simulated from a profile, its figures named as hw.scenarios measures them."""
+"""What a scenario is: a textbook experiment simulated from a profile, its figures named as hw.scenarios measures
+them."""
 
 from __future__ import annotations
 

@@ -18,8 +18,16 @@ from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
 from parsim.sim.gil import Gil, GilLaunch, gil_thread
 from parsim.sim.machine import Machine
-from parsim.sim.nn_data_parallel import (Replica, backward_stretch, coalesced, data_parallel_step_s, final_sync_s,
-                                          loss_s, need_gil, zero_grad_s)
+from parsim.sim.nn_data_parallel import (
+    Replica,
+    backward_stretch,
+    coalesced,
+    data_parallel_step_s,
+    final_sync_s,
+    loss_s,
+    need_gil,
+    zero_grad_s,
+)
 from parsim.sim.predict import simulate
 from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from parsim.profile import Profile
 from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
 from parsim.sim.machine import Launch, Machine, Sync
-from parsim.profile import Profile
 
 
 def _loop(n: int, launch_s: float, gpu_s: float, sync_s: float, sync_each: bool) -> float:

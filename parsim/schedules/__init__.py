@@ -11,13 +11,36 @@ import argparse
 from collections.abc import Callable
 
 from parsim.errors import ScheduleError
-from parsim.schedules.actions import (ALL_OPS, COMM_OPS, COMPUTE_OPS, NEIGHBOUR, PAIRED_RECV, Action,  # noqa: F401
-                                      CommPlan, Op, Schedule, act, paired_recv, place_messages, with_messages)
 from parsim.schedules import from_torch
+from parsim.schedules.actions import (  # noqa: F401
+    ALL_OPS,
+    COMM_OPS,
+    COMPUTE_OPS,
+    NEIGHBOUR,
+    PAIRED_RECV,
+    Action,
+    CommPlan,
+    Op,
+    Schedule,
+    act,
+    paired_recv,
+    place_messages,
+    with_messages,
+)
 from parsim.schedules.from_torch import TORCH_PREFIX
-from parsim.schedules.generators import (dualpipev, dualpipev_orders, gpipe, interleaved_1f1b,  # noqa: F401
-                                         interleaved_orders, interleaved_zb, looped_bfs, one_f_one_b, v_stage_to_rank,
-                                         zb_h1, zbv)
+from parsim.schedules.generators import (  # noqa: F401
+    dualpipev,
+    dualpipev_orders,
+    gpipe,
+    interleaved_1f1b,
+    interleaved_orders,
+    interleaved_zb,
+    looped_bfs,
+    one_f_one_b,
+    v_stage_to_rank,
+    zb_h1,
+    zbv,
+)
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,

@@ -21,8 +21,14 @@ from parsim.progress import watch as watch_progress
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, stage_waits
 from parsim.sim.dataparallel import allreduce_spec
-from parsim.sim.lower import (GRADIENT_OPS, _compute_launches, _message_bytes, last_gradient_actions, link_for,
-                              runtime_waits)
+from parsim.sim.lower import (
+    GRADIENT_OPS,
+    _compute_launches,
+    _message_bytes,
+    last_gradient_actions,
+    link_for,
+    runtime_waits,
+)
 from parsim.workload import StageCost, gradient_adds
 
 Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
@@ -354,7 +360,8 @@ def _chunks(t: float, busy: float, ready: float, gpu_s: float, tail_s: float, ho
 
 
 def _drain(channel: _Channel, work: list[int]) -> None:
-    """Settle a channel's queued messages in order, stopping at one that waits for an op not settled (its tag left there)."""
+    """Settle a channel's queued messages in order, stopping at one that waits for an op not settled (its tag left
+    there)."""
     queue = channel.queue
     while queue:
         avail, ready, waits, seconds, send_row, recv_row, i = queue[0]

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 
+from parsim.profile import LinkSpec, Profile
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
+from parsim.schedules import Op as ActionOp
 from parsim.sim.dataflow import iter_wait_keys, transfers
 from parsim.sim.machine import Launch, Machine, Op, Sync
-from parsim.profile import LinkSpec, Profile
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Op as ActionOp, Schedule
-from parsim.workload import StageCost, gradient_adds, Work
-
+from parsim.workload import StageCost, Work, gradient_adds
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 
@@ -164,7 +164,8 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
         resources = (machine.resource(name),) if shared else ()
         track = f"link {src}->{dst}"
         stream = machine.stream(track).ops
-        seconds_of: dict[tuple[str, int], float] = {}  # (op, stage) -> seconds: every micro-batch's message is the same size
+        # (op, stage) -> seconds: every micro-batch's message is the same size
+        seconds_of: dict[tuple[str, int], float] = {}
         for t in msgs:
             send, recv = t[0], t[1]  # t.send, t.recv, read by index: this loop runs once per message
             key = send[0], send[1]

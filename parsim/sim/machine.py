@@ -20,7 +20,6 @@ import simpy
 from parsim.errors import ScheduleError
 from parsim.progress import watch as watch_progress
 
-
 _NAN = float("nan")
 
 

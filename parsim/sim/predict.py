@@ -9,15 +9,15 @@ from functools import cached_property
 
 from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ProfileError
-from parsim.sim.machine import HostThread, Machine, Op, gc_paused
-from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
-from parsim.sim.longest_path import settle_step
-from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
-from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
+from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
+from parsim.sim.longest_path import settle_step
+from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.machine import HostThread, Machine, Op, gc_paused
+from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, stage_costs
 
 
@@ -192,7 +192,8 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
         sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
         single_s = single_gpu_step_s(model, profile)
         for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
-            if not (math.isfinite(value) and value > 0):  # a profile loaded from a file is range-checked: not from there
+            # a profile loaded from a file is range-checked: not from there
+            if not (math.isfinite(value) and value > 0):
                 raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
                                    "one of its costs or rates is out of range")
         gpus = schedule.num_ranks * data_parallel

@@ -111,7 +111,8 @@ def load_model(path: str | Path, seq_len: int | None = None, sequences: int | No
 
 
 def model_from_spec(text: str) -> Model:
-    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length: PRESET:BATCH:SEQ."""
+    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length:
+    PRESET:BATCH:SEQ."""
     head, _, rest = text.strip().lower().partition(":")
     if head in VARIANTS or head == "conv" or not rest:
         return _spec_model(text)

@@ -182,8 +182,8 @@ def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_by
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 
 
-def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], blocks: tuple[int, ...] = CONV_DEFAULTS[1],
-               side: int = CONV_DEFAULTS[2], dtype_bytes: int = 2) -> Model:
+def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0],
+               blocks: tuple[int, ...] = CONV_DEFAULTS[1], side: int = CONV_DEFAULTS[2], dtype_bytes: int = 2) -> Model:
     """A ResNet-34-like net of pre-activation basic blocks: group g has blocks[g] blocks of widths[g] channels,
     its first a `down` block (half the side) in every group after the first.
 

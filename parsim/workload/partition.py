@@ -67,7 +67,8 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     for k in range(1, num_stages + 1):
         cross = k - 1  # where best[k - 1] meets the last stage's time: it only moves right as that stage grows
         for i in range(k, n - (num_stages - k) + 1):
-            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j: stage_time(j, i), k - 1, i - 1, cross)
+            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j, i=i: stage_time(j, i), k - 1, i - 1,
+                                                     cross)
     equal = partition(n, num_stages)
     if max(stage_time(r.start, r.stop) for r in equal) <= best[num_stages][n] * (1 + 1e-12):
         return tuple(len(r) for r in equal)
