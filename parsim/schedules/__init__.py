@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from parsim.errors import ScheduleError
 from parsim.schedules import from_torch
-from parsim.schedules.actions import (  # noqa: F401
+from parsim.schedules.actions import (
     ALL_OPS,
     COMM_OPS,
     COMPUTE_OPS,
@@ -28,7 +28,7 @@ from parsim.schedules.actions import (  # noqa: F401
     with_messages,
 )
 from parsim.schedules.from_torch import TORCH_PREFIX
-from parsim.schedules.generators import (  # noqa: F401
+from parsim.schedules.generators import (
     dualpipev,
     dualpipev_orders,
     gpipe,
@@ -41,6 +41,12 @@ from parsim.schedules.generators import (  # noqa: F401
     zb_h1,
     zbv,
 )
+
+__all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SCHEDULES", "SPLITS_BACKWARD",
+           "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
+           "dualpipev", "dualpipev_orders", "from_torch", "gpipe", "interleaved_1f1b", "interleaved_orders",
+           "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
+           "schedule_name", "v_stage_to_rank", "with_messages", "zb_h1", "zbv"]
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,
