@@ -529,7 +529,7 @@ def _cpu(doc: dict, where: str) -> CpuCosts:
                     str(doc.get("core_speed_probe", "matmul")))
 
 
-def load_profile(path: str | os.PathLike | None = None) -> Profile:
+def load_profile(path: str | os.PathLike[str] | None = None) -> Profile:
     """Read and check a profile file; None reads the package's shipped default."""
     if path is None:
         text = resources.files("parsim.profiles").joinpath("default.json").read_text()
@@ -548,13 +548,13 @@ def profile_json(profile: Profile) -> str:
     return text
 
 
-def samples_path(path: str | os.PathLike) -> Path:
+def samples_path(path: str | os.PathLike[str]) -> Path:
     """Where a calibration's raw samples go, beside its profile: profile.json -> profile.samples.json."""
     p = Path(path)
     return p.with_name(p.stem + ".samples.json")
 
 
-def save_profile(profile: Profile, path: str | os.PathLike, samples: dict | None = None) -> None:
+def save_profile(profile: Profile, path: str | os.PathLike[str], samples: dict | None = None) -> None:
     """Write the profile, and with `samples` the raw samples beside it (samples_path): atomically, both or neither."""
     with Outputs() as outputs:
         target = outputs.add(path, "profile")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parsim.sim.predict import Prediction
+from parsim.sim.predict import GpuReport, Prediction
 
 
 def fmt_time(seconds: float) -> str:
@@ -65,7 +65,7 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
         "",
         f"  {'gpu':>4}  {'stages':<10} {'busy':>11} {'idle':>6}  peak activations",
     ]
-    rows = list(p.per_gpu)
+    rows: list[GpuReport | None] = list(p.per_gpu)
     shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + [None] + rows[-max_rows // 2:]
     for g in shown:
         if g is None:

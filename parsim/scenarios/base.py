@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from parsim.errors import ProfileError
 from parsim.profile import KernelCost, Profile
@@ -20,7 +21,7 @@ class ScenarioResult:
 
 
 def need_host(profile: Profile, field: str) -> float:
-    value = getattr(profile.host, field)
+    value: float | None = getattr(profile.host, field)
     if value is None:
         raise ProfileError(f"this profile has no host.{field}; the scenarios need it: "
                            "re-run `python -m hw calibrate` to measure it")
@@ -34,7 +35,7 @@ def need_kernel(profile: Profile, kind: str) -> KernelCost:
     return profile.kernels[kind]
 
 
-def with_op_costs(profile: Profile, costs: dict) -> Profile:
+def with_op_costs(profile: Profile, costs: dict[str, Any]) -> Profile:
     """`profile` with the host and kernel costs that `python -m hw.opcosts` measured (its JSON)."""
     try:
         host = dataclasses.replace(profile.host, launch_s=float(costs["host"]["launch_s"]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from parsim.errors import ModelError
 from parsim.workload.models import Model, check_balance
 
@@ -67,7 +69,7 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     for k in range(1, num_stages + 1):
         cross = k - 1  # where best[k - 1] meets the last stage's time: it only moves right as that stage grows
         for i in range(k, n - (num_stages - k) + 1):
-            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j, i=i: stage_time(j, i), k - 1, i - 1,
+            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j: stage_time(j, i), k - 1, i - 1,  # noqa: B023 - called now
                                                      cross)
     equal = partition(n, num_stages)
     if max(stage_time(r.start, r.stop) for r in equal) <= best[num_stages][n] * (1 + 1e-12):
@@ -79,7 +81,8 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     return tuple(reversed(balance))
 
 
-def _best_cut(before: list[float], last, lo: int, hi: int, cross: int) -> tuple[float, int, int]:
+def _best_cut(before: list[float], last: Callable[[int], float], lo: int, hi: int,
+              cross: int) -> tuple[float, int, int]:
     """min over j in [lo, hi] of max(before[j], last(j)), the first j that gives it (what a scan of every j finds),
     and the first j from `cross` on where before[j] >= last(j) (or hi + 1).
 
