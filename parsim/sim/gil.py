@@ -18,7 +18,7 @@ Kept apart from HostThread, whose run is the simulator's hot loop: a thread with
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ import numpy as np
 import simpy
 
 from parsim.profile import GilCosts
-from parsim.sim.machine import HostThread, Launch, Machine, Op
+from parsim.sim.machine import HostThread, Launch, Machine, Op, Sync
 
 WakeCost = Callable[[float], float]  # how long a core has been idle (s) -> what waking a thread on it costs (s)
 
@@ -190,7 +190,7 @@ class Gil:
             self.holder = first.thread
             self.handoffs += 1
             timer = self.env.timeout(cost)
-            timer.callbacks.append(lambda _: first.event.succeed())
+            timer.callbacks.append(lambda _: _succeed(first.event))
         return cost
 
     def _hands_off(self) -> bool:
@@ -201,6 +201,10 @@ class Gil:
             return False
         self._handoff_credit -= 1.0
         return True
+
+
+def _succeed(event: simpy.Event) -> None:
+    event.succeed()
 
 
 def issue(op: Op, available_at: float, last_issue_at: float, wake: Callable[[Op], None]) -> None:
@@ -224,17 +228,19 @@ class GilThread(HostThread):
     """A Python thread of a process with a GIL: GilLaunch steps take it, Launch steps (C++ threads such as
     autograd's device threads) and syncs do not, as torch's synchronize and Thread.join release it."""
 
+    # a GIL thread's steps may take the GIL too: a wider list than a plain host's
+    steps: list[Launch | Sync | GilLaunch] = field(default_factory=list)  # type: ignore[assignment]
     gil: Gil | None = None
     launch_spans: list[tuple[Op | None, float, float]] = field(default_factory=list)
 
-    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
+    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Generator[simpy.Event, object, None]:
         gil = self.gil
+        assert gil is not None, "a GIL thread is made by gil_thread, with its process's GIL"
         self.started_at = env.now
         gil.running(self)
         steps = self.steps
         for i, step in enumerate(steps):
-            kind = type(step)
-            if kind is GilLaunch:
+            if isinstance(step, GilLaunch):
                 op, held_s, released_s = step
                 start = env.now
                 handed = gil.take(self)
@@ -244,28 +250,28 @@ class GilThread(HostThread):
                 if held_s > 0:
                     gil.held_s += held_s
                     yield env.timeout(held_s)
-                coming_back = i + 1 < len(steps) and type(steps[i + 1]) is GilLaunch
+                coming_back = i + 1 < len(steps) and isinstance(steps[i + 1], GilLaunch)
                 free_s = gil.release(self, coming_back) + released_s
                 if free_s > 0:
                     yield env.timeout(free_s)
                 self.launch_spans.append((op, start, env.now))
                 if op is not None:
                     issue(op, env.now, env.now, wake)
-            elif kind is Launch:
-                op, host_s, first_s = step
-                issue(op, env.now + first_s, env.now + host_s, wake)
+            elif isinstance(step, Launch):
+                launched, host_s, first_s = step
+                issue(launched, env.now + first_s, env.now + host_s, wake)
                 if host_s > 0:
-                    self.launch_spans.append((op, env.now, env.now + host_s))
+                    self.launch_spans.append((launched, env.now, env.now + host_s))
                     yield env.timeout(host_s)
             else:
-                for op in step.ops:
-                    if op._done is not True:
-                        self.blocked_on = op
+                for synced in step.ops:
+                    if synced._done is not True:
+                        self.blocked_on = synced
                         gil.stopped(self)
-                        yield op.wait_done()
+                        yield synced.wait_done()
                         gil.running(self)
-                    if op.end_s > env.now:  # an op settled ahead of the clock
-                        yield env.timeout(op.end_s - env.now)
+                    if synced.end_s > env.now:  # an op settled ahead of the clock
+                        yield env.timeout(synced.end_s - env.now)
                 self.blocked_on = None
                 self.synced_at.append(env.now)
         gil.stopped(self)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -80,7 +80,7 @@ class Op:
         """An event that fires when the op ends; only for an op that is not done."""
         if self._done is False:
             self._done = self.env.event()
-        return self._done
+        return self._done  # type: ignore[return-value]  # an Event: asked only of an op not done
 
 
 class Launch(NamedTuple):
@@ -108,7 +108,7 @@ class HostThread:
     finished_at: float | None = None
     blocked_on: Op | None = None
 
-    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
+    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Generator[simpy.Event, object, None]:
         # The thread never blocks between two syncs, so each run of launches is issued in one go,
         # at the times it would reach each op: one simulation event per run instead of per op.
         # Only the sync times are kept: `spans` replays the launch times from them when asked.
@@ -128,7 +128,7 @@ class HostThread:
                 if host_s > 0:
                     t += host_s
                 continue
-            for op in step.ops:  # a sync returns once every op has ended (settled ops may end ahead of the clock)
+            for op in step.ops:  # type: ignore[union-attr]  # a Sync: launches went on above. A sync returns once every op has ended (settled ops may end ahead of the clock)
                 if op._done is not True:
                     self.blocked_on = op
                     yield op.wait_done()
@@ -159,9 +159,10 @@ class HostThread:
                 if step.host_s > 0:
                     t += step.host_s
                 continue
-            t = next(synced, None)
-            if t is None:  # the run stopped in this sync (a deadlock)
+            returned = next(synced, None)
+            if returned is None:  # the run stopped in this sync (a deadlock)
                 break
+            t = returned
 
 
 class Stream:
@@ -272,7 +273,7 @@ class Machine:
             self.resources[name] = simpy.Resource(self.env, capacity=1)
         return self.resources[name]
 
-    def op(self, stream: str, label: object, gpu_s: float, **kwargs) -> Op:
+    def op(self, stream: str, label: object, gpu_s: float, **kwargs: Any) -> Op:
         """A new op at the end of `stream`; str(label) names it."""
         op = Op(self.env, label, stream, gpu_s, **kwargs)
         self.stream(stream).ops.append(op)
@@ -288,14 +289,14 @@ class Machine:
         op.start_s, op.end_s = start_s, end_s
         event, op._done = op._done, True
         if event is not False:
-            event.succeed()
+            event.succeed()  # type: ignore[union-attr]  # not True: settled once
         if op.waiters:
             self.wake(op)
 
     def wake(self, op: Op) -> None:
         """Let the streams stopped at `op` go on."""
         waiters, op.waiters = op.waiters, None  # cleared first: a stream may stop at `op` again
-        self._go_on(waiters)
+        self._go_on(waiters or [])
 
     def _go_on(self, streams: list[Stream]) -> None:
         """Advance streams one after the other, never one inside another's advance."""
@@ -307,7 +308,7 @@ class Machine:
             self._woken.pop().advance(self)
         self._pumping = False
 
-    def hold(self, op: Op, ready_s: float) -> Iterator[simpy.Event]:
+    def hold(self, op: Op, ready_s: float) -> Generator[simpy.Event, object, None]:
         """An op on shared resources: at ready_s it queues for them, holds them while it runs."""
         env = self.env
         if ready_s > env.now:
@@ -337,7 +338,7 @@ class Machine:
         if any(h.finished_at is None for h in self.hosts) or any(
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
             raise ScheduleError("deadlock: " + self._stuck_report())
-        return max((h.finished_at for h in self.hosts), default=0.0)
+        return max((h.finished_at for h in self.hosts if h.finished_at is not None), default=0.0)
 
     def _mark_contended(self) -> None:
         """Mark the ops that must take their resources in clock order: those on a resource that
