@@ -20,6 +20,11 @@ class ScenarioResult:
     assumptions: tuple[str, ...] = ()  # what the model takes as given, printed with the figures
 
 
+def first_line(doc: str | None) -> str:
+    """A docstring's first line: what a scenario function describes itself as."""
+    return (doc or "").partition("\n")[0]
+
+
 def need_host(profile: Profile, field: str) -> float:
     value: float | None = getattr(profile.host, field)
     if value is None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Generator
 
 import simpy
 
 from parsim.errors import ProfileError
 from parsim.profile import GIL_STEP_KEYS, CpuCosts, GilCosts, Profile
-from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
+from parsim.scenarios.base import ScenarioResult, first_line, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
 from parsim.sim.gil import Gil, GilLaunch, gil_thread
@@ -58,7 +59,7 @@ def launch_pace_s(gil: GilCosts, threads: int, hold_s: float = 0.0, launches: in
     for w in workers:
         w.steps += [step] * launches
     m.run()
-    done = min(w.finished_at for w in workers)
+    done = min(w.finished_at or 0.0 for w in workers)  # every one finished: m.run raises on a deadlock
     ends = sorted(end for w in workers for _, _, end in w.launch_spans if end <= done)
     skip = 2 * threads
     return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
@@ -207,11 +208,11 @@ def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
     return step_s + final_sync_s(gil, profile.host.sync_s, 1)
 
 
-def dp_figures(name: str, replica_at, profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
+def dp_figures(name: str, replica_at: Callable[[int], Replica], profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
     """Step time and speedup over one GPU of DataParallel and DDP, for each GPU count, the global batch fixed
     (one node holds them all)."""
     profile = dataclasses.replace(profile, gpus_per_node=max(profile.gpus_per_node, max(gpus)))
-    out = {}
+    out: dict[str, float] = {}
     one = None
     for g in gpus:
         replica = replica_at(g)
@@ -240,7 +241,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
+    assumptions: tuple[str, ...] = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
                                     calls_assumption(gil), GIL_GAP,
                                     f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
@@ -251,7 +252,7 @@ def data_parallel(profile: Profile) -> ScenarioResult:
         figures |= dp_figures("mlp", lambda g: _model_replica(
             mlp_model(MLP_BLOCKS, MLP_HIDDEN, math.ceil(MLP_TOKENS / g)), profile), profile)
     return ScenarioResult("data-parallel", figures, "launch_threads8_speedup_ratio",
-                          data_parallel.__doc__.splitlines()[0], assumptions)
+                          first_line(data_parallel.__doc__), assumptions)
 
 
 # --- Hogwild ------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def step_bytes(model: Model) -> float:
     gradients written, then read by SGD with the parameters, which it writes back) and the stash twice."""
     params = sum(layer.params * layer.dtype_bytes for layer in model.layers)
     stash = sum(layer.stash_bytes_per_token for layer in model.layers) * model.tokens
-    return 6.0 * params + 2.0 * stash
+    return float(6.0 * params + 2.0 * stash)
 
 
 def hogwild_model(cpu: CpuCosts) -> Model:
@@ -294,9 +295,9 @@ def hogwild_step_s(cpu: CpuCosts, processes: int, steps: int = 20) -> float:
     env = simpy.Environment()
     cores, memory = cpu_model.cores(env, cpu), cpu_model.memory(env, cpu)
     nbytes = step_bytes(hogwild_model(cpu))
-    ends = []
+    ends: list[float] = []
 
-    def process():
+    def process() -> Generator[simpy.Event, object, None]:
         for _ in range(steps):
             yield env.all_of([cores.serve(cpu.step_s), memory.serve(nbytes)])
         ends.append(env.now)
@@ -331,4 +332,4 @@ def hogwild(profile: Profile) -> ScenarioResult:
         f"CPU costs: {cpu.source}",
     )
     return ScenarioResult("hogwild", figures, f"hogwild_procs{max(HOGWILD_PROCESSES)}_speedup_ratio",
-                          hogwild.__doc__.splitlines()[0], assumptions)
+                          first_line(hogwild.__doc__), assumptions)

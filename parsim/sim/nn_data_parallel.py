@@ -133,12 +133,13 @@ def _coalesced_comm(m: Machine, thread: GilThread, python: _Python, label: str, 
     """One coalesced NCCL call, chunk by chunk: the host pays host[0] for the call's first chunk and host[1] for
     each further one, each chunk runs after its issue and the one before it (one latency for the call); its
     last chunk's op."""
-    op = None
+    op: Op | None = None
     for i, nbytes in enumerate(chunks):
         op = m.op("nccl", f"{label} ({i + 1}/{len(chunks)})", (0.0 if i else coll.latency_s) + nbytes / coll.busbw_Bps,
                   category="comm")
         op.deps += after
         thread.steps.append(python(op, host[1] if i else host[0]))
+    assert op is not None, "a coalesced call moves at least one chunk"
     return op
 
 
@@ -173,6 +174,7 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     if gpus == 1 and any(g == 1 for g, _ in costs.calls.get("scatter", ())):
         main.steps.append(GilLaunch(None, call_s(costs, "scatter", 1, 0.0), 0.0))
     if gpus > 1:
+        assert coll is not None and costs.replicate_module_s is not None  # needed above for several GPUs
         for d in range(1, gpus):
             copy = m.op(f"link 0->{d}", f"scatter to gpu{d}", link.time_s(replica.in_bytes), category="comm")
             main.steps.append(python(copy, scatter_s))
@@ -220,12 +222,13 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
 
 def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, gpu: int, after: list[Op]) -> Op:
     """The replica's layers launched one by one on its GPU; the last layer's op."""
-    op = None
+    op: Op | None = None
     for i, layer in enumerate(replica.layers):
         op = m.op(f"gpu{gpu} compute", f"F{i} gpu{gpu}", layer.forward.gpu_s)
         if i == 0:
             op.deps += after
         thread.steps.append(python(op, layer.forward.host_s))
+    assert op is not None, "a replica has at least one layer"
     return op
 
 
@@ -249,11 +252,12 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
         first[d] = [copy]
     ready = _signal(m, "output gradient scattered")
     threads[0].steps.append(GilLaunch(ready, 0.0, 0.0))
-    last, finished = [], []
+    last: list[Op] = []
+    finished: list[Op] = []
     for d, thread in enumerate(threads):
         if d:
             thread.steps.append(Sync((ready,)))
-        op = None
+        op: Op | None = None
         for i, layer in reversed(list(enumerate(replica.layers))):
             work = layer.backward
             op = m.op(f"gpu{d} compute", f"B{i} gpu{d}", work.gpu_s)
@@ -261,11 +265,13 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
                 op.deps += first[d]
             host_s = work.host_s * stretch
             thread.steps.append(Launch(op, host_s, host_s / max(work.chunks, 1)))  # C++: no GIL
+        assert op is not None, "a replica has at least one layer"
         last.append(op)
         finished.append(_signal(m, f"backward launched gpu{d}"))
         thread.steps.append(Launch(finished[-1], 0.0, 0.0))
     if gpus == 1:
         return last[0]
     threads[0].steps.append(Sync(tuple(finished)))
+    assert coll is not None, "several GPUs reduce over a collective"
     return _coalesced_comm(m, threads[0], python, "reduce parameter gradients to gpu0",
                            coalesced(replica.tensor_bytes, close_at_limit=False), reduce_s, coll, last)
