@@ -208,7 +208,8 @@ def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
     return step_s + final_sync_s(gil, profile.host.sync_s, 1)
 
 
-def dp_figures(name: str, replica_at: Callable[[int], Replica], profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
+def dp_figures(name: str, replica_at: Callable[[int], Replica], profile: Profile,
+               gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
     """Step time and speedup over one GPU of DataParallel and DDP, for each GPU count, the global batch fixed
     (one node holds them all)."""
     profile = dataclasses.replace(profile, gpus_per_node=max(profile.gpus_per_node, max(gpus)))
@@ -241,9 +242,9 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions: tuple[str, ...] = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
-                                    calls_assumption(gil), GIL_GAP,
-                                    f"GIL costs: {gil.source}")
+    assumptions: tuple[str, ...] = DP_ASSUMPTIONS + (
+        gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s), calls_assumption(gil), GIL_GAP,
+        f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
