@@ -185,18 +185,20 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
+    # every action of a validated schedule has its op: no None is read here
+    ops_of: dict[str, list[list[Op]]] = ops  # type: ignore[assignment]
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
         for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
             if more is not None and a in more:
-                deps = deps + more[a]
+                deps = [*deps, *more[a]]
             kind, stage, mb = a
-            op = ops[kind][stage][mb]
+            op = ops_of[kind][stage][mb]
             parts = parts_of.get(a) if parts_of else None
             waiter = parts[0] if parts else op
             waiter_deps = waiter.deps
             for d_kind, d_stage, d_mb in deps:  # a message op gathers its send's and its receive's
-                dep = ops[d_kind][d_stage][d_mb]
+                dep = ops_of[d_kind][d_stage][d_mb]
                 if dep is not waiter and dep not in waiter_deps:
                     waiter_deps.append(dep)
             if kind not in COMPUTE_OPS:

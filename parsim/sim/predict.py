@@ -111,13 +111,13 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         def run_machine() -> Machine:
             return lowered()[0]
 
-        resident = profile.resident_comm
-        early = early_receives(schedule) if resident is not None and resident.rate < 1 else None
+        rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
+        early = early_receives(schedule) if rate < 1 else None
         if early:
             if engine == "longest-path":
                 raise ValueError("the longest-path pass does not apply to this step (receives waiting beside compute)")
             check_channel_order(schedule)
-            machine, slower = settle_sharing(lowered, schedule, early, resident.rate, copy_streams)
+            machine, slower = settle_sharing(lowered, schedule, early, rate, copy_streams)
             return _simulation(machine, gpus, lambda: lowered(slower)[0])
         settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
             if engine != "events" else None
@@ -136,7 +136,8 @@ def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine])
         if stream.name in busy:
             for op in stream.ops:
                 busy[stream.name] += op.end_s - op.start_s
-    sim = Simulation(max((h.finished_at for h in machine.hosts), default=0.0), tuple(busy.values()), run_machine)
+    ends = [h.finished_at for h in machine.hosts if h.finished_at is not None]  # all of them: it ran to the end
+    sim = Simulation(max(ends, default=0.0), tuple(busy.values()), run_machine)
     sim.__dict__["machine"] = machine  # already run: cached_property's slot
     return sim
 
@@ -151,6 +152,7 @@ def _lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profil
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower)
                     for r in range(data_parallel)]
         if data_parallel > 1:
+            assert buckets is not None, "several replicas all-reduce their gradients by bucket"
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
         finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
