@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from operator import length_hint
 
@@ -31,7 +32,7 @@ from parsim.sim.lower import (
 )
 from parsim.workload import StageCost, gradient_adds
 
-Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
+Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class _Channel:
     def __init__(self, tag: int) -> None:
         self.free = 0.0  # when its last settled message ends
         self.sent = self.received = 0  # messages issued so far by its sender, by its receiver
-        self.queue: list[list] = []  # issued by both hosts, waiting for a dependency or the message before
+        self.queue: list[list[Any]] = []  # issued by both hosts, waiting for a dependency or the message before
         self.tag = tag  # its waiter tag (negative; walkers' tags are their index)
 
 
@@ -77,7 +78,11 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     last_grad = last_gradient_actions(schedule) if buckets else {}
     work: list[int] = []
-    walkers, channels, tables, hosts, programs = [], [], [], [], []
+    walkers: list[Iterator[None]] = []
+    channels: list[_Channel] = []
+    tables: list[dict[str, list[Row]]] = []
+    hosts: list[_Host] = []
+    programs: list[Iterator[Action]] = []
     for replica in range(data_parallel):
         off = replica * pp
         end = {op: [[None] * schedule.num_microbatches for _ in range(schedule.num_stages)]
@@ -161,13 +166,13 @@ class _Host:
 def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
                    last_grad: dict[int, Action], buckets: dict[int, int],
-                   add_s: list[float] | None = None) -> dict[str, list[tuple]]:
+                   add_s: list[float] | None = None) -> dict[str, list[tuple[Any, ...]]]:
     """op -> per stage: (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, its row, the GRAD row it also
     fills or None, the rows it waits for, the micro-batch whose action is split into gradient-bucket chunks or -1,
     the chunk count, and where the op makes gradients the gradient add's seconds (0 where the runtime adds none),
     else None: as lowering has it, every such action of the stage after its first adds its gradients on the GPU,
     and the first pays the fresh host costs)."""
-    table = {}
+    table: dict[str, list[tuple[Any, ...]]] = {}
     for op in COMPUTE_OPS:
         table[op] = []
         for s in range(schedule.num_stages):
@@ -182,13 +187,13 @@ def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...
 
 def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
-                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple | None]]:
+                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple[Any, ...] | None]]:
     """send or receive op -> per stage: (the send's row of first issues, the send's row, the receive's row, the
     channel, the message's seconds, the rows this end waits for, whether it is the send); None where a stage
     has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
-    table: dict[str, list[tuple | None]] = {op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B,
+    table: dict[str, list[tuple[Any, ...] | None]] = {op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B,
                                                                              Op.RECV_B)}
     for send, (recv, step) in PAIRED_RECV.items():
         for s in range(last + 1):
@@ -204,7 +209,7 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
     return table
 
 
-def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dict[str, list[tuple | None]],
+def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]], messages: dict[str, list[tuple[Any, ...] | None]],
           end: dict[str, list[Row]], more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool,
           me: int, work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
@@ -273,7 +278,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dic
                 if waiters is not None:
                     work.extend(waiters)
             continue
-        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]
+        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]  # type: ignore[misc]  # a stage that posts it has it
         avail = t + p2p_s
         t += p2p_s
         ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
