@@ -148,7 +148,7 @@ QUESTIONS = {  # each command's --help opens with what it answers
 }
 
 
-def _command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+def _command(sub: argparse._SubParsersAction[OneLineErrors], name: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
 
 
@@ -278,7 +278,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     profile, model = load_profile(args.profile), model_from_args(args)
     names = _schedule_names(args.schedules, runtime_for(args))
     with Progress("sweep"):
-        results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
+        results = [_predict(args, profile, model, n, m)[0] for n in names or () for m in args.microbatches]
     if args.json:
         print(json_text([to_json(r) for r in results], indent=2))
         return 0
@@ -326,6 +326,7 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
     if not fits and not too_big:
         raise ParsimError("no configuration can run this model on these GPUs")
     if not fits:
+        assert limit is not None, "only a memory limit leaves configurations out"
         smallest = min(too_big, key=lambda c: c.memory_bytes)
         raise ParsimError(f"no configuration fits in {limit / 1e9:g} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
@@ -334,6 +335,7 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
           f"{'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
+        assert p is not None, "what fits was simulated"
         print(f"{i:>4}  {c.runtime:<11} {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "

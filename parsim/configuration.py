@@ -61,7 +61,7 @@ class Prepared:
             check_balance(c.partition, len(c.model.layers), schedule.num_stages)
             model = replace(c.model, balance=c.partition)
         else:
-            by = self.run_profile if c.partition == "time" else self.profile
+            by = self.run_profile if c.partition == "time" else None
             model = partitioned(c.model, c.partition, schedule.num_stages, schedule.num_microbatches, by,
                                 c.data_parallel)
         # a schedule read from a file names its own micro-batches and stages: the batch and layers must split so

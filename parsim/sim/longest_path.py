@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import dataclass
 from operator import length_hint
+from typing import Any
 
 from parsim.profile import Profile
 from parsim.progress import watch as watch_progress
@@ -193,8 +193,8 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
     has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
-    table: dict[str, list[tuple[Any, ...] | None]] = {op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B,
-                                                                             Op.RECV_B)}
+    table: dict[str, list[tuple[Any, ...] | None]] = {
+        op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)}
     for send, (recv, step) in PAIRED_RECV.items():
         for s in range(last + 1):
             r = s + step
@@ -209,9 +209,10 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
     return table
 
 
-def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]], messages: dict[str, list[tuple[Any, ...] | None]],
-          end: dict[str, list[Row]], more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool,
-          me: int, work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
+def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
+          messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
+          more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
+          work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""

@@ -168,7 +168,7 @@ def layer_times(model: Model, tokens: int, profile: Profile) -> list[LayerTime]:
 PARTITIONS = ("equal", "time")
 
 
-def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile,
+def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile | None,
                 data_parallel: int = 1) -> Model:
     """The model split `how` says: "equal" layer counts, or balanced by the profile's time per layer at this
     micro-batch size (torchgpipe's balance_by_time, from the profile instead of a timed run, each stage
@@ -177,6 +177,8 @@ def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, 
         return replace(model, balance=None)
     if how != "time":
         raise ModelError(f"unknown partition {how!r}; choose from {', '.join(PARTITIONS)}")
+    if profile is None:
+        raise ModelError("a split by time needs a profile to price the layers")
     times = layer_times(model, microbatch_tokens(model, num_microbatches, data_parallel), profile)
     # per micro-batch a stage's host also pays a forward and a backward action, each with a message posted
     # (a receive or a send; inner stages post two)
