@@ -13,7 +13,7 @@ import stat
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -101,6 +101,12 @@ class Outputs:
     def __init__(self) -> None:
         self._open: dict[Path, tuple[int, str, str]] = {}  # path -> (fd, temporary, what)
         self._filled: dict[Path, str] = {}  # path -> its filled temporary
+
+    @overload
+    def add(self, path: str | os.PathLike[str], what: str) -> Path: ...
+
+    @overload
+    def add(self, path: None, what: str) -> None: ...
 
     def add(self, path: str | os.PathLike[str] | None, what: str) -> Path | None:
         """Check `path` now (None: no such output) and hold its temporary; the Path to `write` later."""

@@ -302,7 +302,7 @@ class Profile:
         return replace(self, host=host, layers=layers, runtimes=runtimes)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"schema": SCHEMA, "version": VERSION}
+        doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
         for key in ("gil", "cpu", "gpu_memory_bytes", "resident_comm"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
@@ -341,35 +341,35 @@ def _bounds(key: str) -> tuple[float, float]:
     return SECONDS if key.endswith("_s") else SCALES
 
 
-def _number(doc: dict, key: str, where: str, positive: bool = True) -> float:
+def _number(doc: dict[str, Any], key: str, where: str, positive: bool = True) -> float:
     """doc[key]: a finite number in its sane range (_bounds); 0 too unless `positive`."""
     value = doc.get(key) if isinstance(doc, dict) else None
     lo, hi = _bounds(key)
     return number(value, f"{where}.{key}", lo, hi, ProfileError, above=lo == 0, zero=not positive)
 
 
-def _core_speed(speeds: dict, n: str, where: str) -> tuple[int, float]:
+def _core_speed(speeds: dict[str, Any], n: str, where: str) -> tuple[int, float]:
     count = whole(int(n), f"{where}'s busy-core count", 1, MAX_COUNT, ProfileError)
     return count, number(speeds[n], f"{where}.{n}", *CORE_SPEEDS, ProfileError)
 
 
-def _section(doc: Any, key: str, where: str) -> dict:
+def _section(doc: Any, key: str, where: str) -> dict[str, Any]:
     value = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(value, dict):
         raise ProfileError(f"{where}.{key} is missing or not an object")
     return value
 
 
-def _measured(doc: dict, where: str) -> bool:
+def _measured(doc: dict[str, Any], where: str) -> bool:
     return flag(doc.get("measured", True), f"{where}.measured", ProfileError)
 
 
-def _link(doc: dict, where: str) -> LinkSpec:
+def _link(doc: dict[str, Any], where: str) -> LinkSpec:
     return LinkSpec(_number(doc, "latency_s", where, positive=False),
                     _number(doc, "bandwidth_Bps", where), _measured(doc, where))
 
 
-def _op_cost(doc: dict, where: str) -> OpCost:
+def _op_cost(doc: dict[str, Any], where: str) -> OpCost:
     return OpCost(_number(doc, "host_s", where, positive=False),
                   _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where),
                   _corrections(doc.get("corrections", []), f"{where}.corrections"))
@@ -468,11 +468,11 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
                         _number(doc, "step_s", where, positive=False), tuple(unmeasured), gpu_ratios=ratios, **optional)
 
 
-def _whole(doc: dict, key: str, where: str) -> int:
+def _whole(doc: dict[str, Any], key: str, where: str) -> int:
     return whole(doc.get(key), f"{where}.{key}", 1, MAX_COUNT, ProfileError)
 
 
-def _gil(doc: dict, where: str) -> GilCosts:
+def _gil(doc: dict[str, Any], where: str) -> GilCosts:
     """The gil section; one calibrated before the wake-up probes (contended_launch_s, no wake) loads without them."""
     replicate, released = doc.get("replicate_module_s"), doc.get("released_s")
     launch = _number(doc, "launch_s", where)
@@ -510,12 +510,12 @@ def _calls(doc: Any, where: str) -> dict[str, tuple[tuple[int, float], ...]]:
     return out
 
 
-def _resident_comm(doc: dict, where: str) -> ResidentComm:
+def _resident_comm(doc: dict[str, Any], where: str) -> ResidentComm:
     return ResidentComm(number(doc.get("rate"), f"{where}.rate", 0.0, 1.0, ProfileError, above=True),
                         str(doc.get("source", "")))
 
 
-def _cpu(doc: dict, where: str) -> CpuCosts:
+def _cpu(doc: dict[str, Any], where: str) -> CpuCosts:
     speeds = _section(doc, "core_speed", where)
     try:
         core_speed = dict(_core_speed(speeds, n, f"{where}.core_speed") for n in speeds)
@@ -554,7 +554,7 @@ def samples_path(path: str | os.PathLike[str]) -> Path:
     return p.with_name(p.stem + ".samples.json")
 
 
-def save_profile(profile: Profile, path: str | os.PathLike[str], samples: dict | None = None) -> None:
+def save_profile(profile: Profile, path: str | os.PathLike[str], samples: dict[str, Any] | None = None) -> None:
     """Write the profile, and with `samples` the raw samples beside it (samples_path): atomically, both or neither."""
     with Outputs() as outputs:
         target = outputs.add(path, "profile")
