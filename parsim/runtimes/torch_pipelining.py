@@ -23,7 +23,7 @@ What decides its step, read from its source (torch/distributed/pipelining/schedu
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from parsim.errors import ScheduleError
 from parsim.runtimes.base import Runtime
@@ -91,7 +91,7 @@ def schedule_key(text: str) -> str:
     key = text.lower()
     if key.startswith(TORCH_PREFIX):
         by_class = {c.lower(): n for n, c in CLASSES.items()}
-        key = by_class.get(key.removeprefix(TORCH_PREFIX))
+        key = by_class.get(key.removeprefix(TORCH_PREFIX), "")
     if key not in CLASSES:
         names = ", ".join(f"{n} ({c})" for n, c in CLASSES.items())
         raise ScheduleError(f"the torch runtime runs torch.distributed.pipelining's classes: {names}; got {text!r}")
@@ -136,7 +136,10 @@ def _single(name: str, generated: Schedule, programs: list[_Program]) -> Schedul
                     tuple(tuple(p.actions) for p in programs), comm)
 
 
-def _messages(p: int, s: int) -> tuple[callable, callable, callable, callable]:
+Messages = Callable[[int], list[Action]]  # a stage's messages of one kind for micro-batch i
+
+
+def _messages(p: int, s: int) -> tuple[Messages, Messages, Messages, Messages]:
     """Stage s's receive-forward, send-forward, receive-backward and send-backward of micro-batch i, as lists
     (empty where the stage has no such neighbour)."""
     def recv_f(i: int) -> list[Action]:
