@@ -11,9 +11,10 @@ a few hundred). `hw measure --cpu` is refused when even a CPU at its peak could 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from parsim.errors import ModelError, ParsimError
-from parsim.schedules import SPLITS_BACKWARD, VIRTUAL, V_SHAPED
+from parsim.schedules import SPLITS_BACKWARD, V_SHAPED, VIRTUAL
 
 MAX_ACTIONS = 8_000_000  # in one simulated step
 ACTIONS_PER_S, BYTES_PER_ACTION = 600_000, 300  # the walk's pace and memory (see above)
@@ -83,10 +84,10 @@ def check_plan(stage_counts: list[int], split_cells: int, gpus: int, layers: int
                           "a model of fewer layers")
 
 
-def step_flops(model) -> float:
+def step_flops(model: Any) -> float:
     """FLOPs of one training step of `model` (a parsim.workload.Model, which imports this module): forward,
     input-grad and weight-grad of every layer, whole batch."""
-    return model.tokens * sum(sum(part.work) for layer in model.layers for part in layer.parts)
+    return float(model.tokens * sum(sum(part.work) for layer in model.layers for part in layer.parts))
 
 
 def cpu_cores() -> int:
@@ -94,7 +95,7 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def check_cpu_run(model, dtype: str, steps: int, jobs: int, timeout_s: float, deadline_s: float, waits: bool,
+def check_cpu_run(model: Any, dtype: str, steps: int, jobs: int, timeout_s: float, deadline_s: float, waits: bool,
                   smaller: str = "a smaller model (--layers, --hidden, --tokens)") -> None:
     """Refuse an `hw` run on the CPU that cannot finish even at every core's peak speed: the one-device baseline's
     `steps` steps of the whole model on one rank (`waits`: the other ranks wait for them at a barrier, within

@@ -7,27 +7,34 @@ import errno
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from parsim import flags, progress
 from parsim.budget import check_actions
+from parsim.configuration import Configuration, Partition, check, predict, prepare
 from parsim.errors import ParsimError, one_line
 from parsim.files import Outputs, json_text
 from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.interrupts import Stopped, describe, stopping
-from parsim.progress import Progress
-from parsim.sim.machine import gc_paused
-from parsim.sim.predict import Prediction, Simulation, check_sizes, predict
-from parsim.profile import Profile, load_profile
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
+from parsim.profile import Profile, load_profile
+from parsim.progress import Progress
 from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
-from parsim.schedules import SCHEDULES, VIRTUAL, build, schedule_name
-from parsim.workload import (OPTIMIZERS, PARTITIONS, PRESETS, Model, check_balance, conv_model, mlp_model,
-                             model_from_spec, named_model, partitioned)
-
+from parsim.schedules import SCHEDULES, VIRTUAL, schedule_name
+from parsim.sim.machine import gc_paused
+from parsim.sim.predict import Prediction, Simulation
+from parsim.workload import (
+    OPTIMIZERS,
+    PARTITIONS,
+    PRESETS,
+    Model,
+    conv_model,
+    mlp_model,
+    model_from_spec,
+    named_model,
+)
 
 _positive_int = flags.positive_int
 _int_list = flags.whole_list()
@@ -103,16 +110,12 @@ def model_from_args(args: argparse.Namespace) -> Model:
     return mlp_model(args.layers or 16, args.hidden or 2048, args.tokens or 8192)
 
 
-def split_model(args: argparse.Namespace, model: Model, num_stages: int, num_microbatches: int,
-                data_parallel: int, profile: Profile | None) -> Model:
-    """The model with the split --balance or --partition asks for, for this schedule (profile: for "time")."""
+def partition_from_args(args: argparse.Namespace) -> Partition:
+    """How --balance or --partition splits the layers into stages (a Configuration's partition)."""
     balance = getattr(args, "balance", None)
     if balance and args.partition != "equal":
         raise ParsimError("pass --partition time or --balance, not both")
-    if balance:
-        check_balance(tuple(balance), len(model.layers), num_stages)
-        return replace(model, balance=tuple(balance))
-    return partitioned(model, args.partition, num_stages, num_microbatches, profile, data_parallel)
+    return tuple(balance) if balance else args.partition
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -131,11 +134,11 @@ QUESTIONS = {  # each command's --help opens with what it answers
 }
 
 
-def _command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+def _command(sub: argparse._SubParsersAction[OneLineErrors], name: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="python -m parsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
 
@@ -209,14 +212,15 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     dp = args.data_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
-    check_sizes(model, schedule, args.gpus // dp, microbatches, virtual, dp)  # before anything is built
-    runtime = runtime_for(args)
+    config = Configuration(model, schedule, args.gpus, microbatches, virtual, dp, args.runtime, args.copy_streams,
+                           partition_from_args(args))
+    check(config)  # before anything is built
+    runtime_for(args)
     with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again
         progress.phase(f"{schedule} m={microbatches}: building the schedule")
-        built = runtime.build(schedule, args.gpus // dp, microbatches, virtual)
-        model = split_model(args, model, built.num_stages, microbatches, dp, runtime.costs(profile))
+        prepared = prepare(config, profile)
         progress.phase(f"{schedule} m={microbatches}: simulating")
-        return predict(built, model, profile, args.copy_streams, dp, runtime)
+        return prepared.predict()
 
 
 def runtime_for(args: argparse.Namespace) -> Runtime:
@@ -260,7 +264,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     profile, model = load_profile(args.profile), model_from_args(args)
     names = _schedule_names(args.schedules, runtime_for(args))
     with Progress("sweep"):
-        results = [_predict(args, profile, model, n, m)[0] for n in names for m in args.microbatches]
+        results = [_predict(args, profile, model, n, m)[0] for n in names or () for m in args.microbatches]
     if args.json:
         print(json_text([to_json(r) for r in results], indent=2))
         return 0
@@ -308,6 +312,7 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
     if not fits and not too_big:
         raise ParsimError("no configuration can run this model on these GPUs")
     if not fits:
+        assert limit is not None, "only a memory limit leaves configurations out"
         smallest = min(too_big, key=lambda c: c.memory_bytes)
         raise ParsimError(f"no configuration fits in {limit / 1e9:g} GB per GPU; the smallest, "
                           f"{smallest.label}, needs {smallest.memory_bytes / 1e9:.1f} GB")
@@ -316,6 +321,7 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
           f"{'memory/GPU':>11}")
     for i, c in enumerate(fits[: args.top], start=1):
         p = c.prediction
+        assert p is not None, "what fits was simulated"
         print(f"{i:>4}  {c.runtime:<11} {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
@@ -327,13 +333,8 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
 
         best = fits[0]
         check_actions(best.schedule, args.gpus, best.microbatches, best.virtual_stages, timeline=True)
-        runtime = get_runtime(best.runtime)
-        schedule = runtime.build(best.schedule, args.gpus // best.data_parallel, best.microbatches,
-                                 best.virtual_stages if best.schedule in VIRTUAL else None)
-        split = replace(model, balance=best.balance)
-        copy_streams = args.copy_streams and runtime.copy_streams
-        outputs.write(trace, trace_json(predict(schedule, split, profile, copy_streams, best.data_parallel,
-                                                runtime)[1]))
+        config = best.configuration(model, args.gpus, args.copy_streams and get_runtime(best.runtime).copy_streams)
+        outputs.write(trace, trace_json(predict(config, profile)[1]))
     return 0
 
 
@@ -399,7 +400,7 @@ def _overlay(args: argparse.Namespace, outputs: Outputs, path: Path) -> None:
     if not 0 <= args.gpu < gpus:
         raise ParsimError(f"--gpu must name one of the point's {gpus} GPUs, got {args.gpu}")
     check_actions(schedule, gpus, m, timeline=True)
-    _, sim = predict(build(schedule, gpus, m), model, load_profile(args.profile))
+    _, sim = predict(Configuration(model, schedule, gpus, m), load_profile(args.profile))
     outputs.write(path, overlay_png(sim, args.gpu, args.timeline))
 
 
@@ -453,5 +454,5 @@ def _drop_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     return run_command(COMMANDS[args.command], args)

@@ -2,8 +2,8 @@
 
 `hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
 are kept and ignored) and `model`, the model's spec (parsim.workload.model_from_spec); a CSV without
-that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is non-empty is shown but left out of the
-error summary, with that column as its measured reason.
+that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is
+non-empty is shown but left out of the error summary, with that column as its measured reason.
 
 The summary is given twice: over every point, and over the points where the GPU sets the pace. A
 point is host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost
@@ -19,13 +19,17 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from parsim import progress
 from parsim.budget import check_actions
+from parsim.configuration import Configuration, Prepared, prepare
 from parsim.errors import ParsimError
 from parsim.files import Outputs, png_bytes
 from parsim.inputs import MAX_SIZE, read_text
+from parsim.profile import Profile
 from parsim.runtimes import get_runtime
+from parsim.sim.predict import Prediction
 from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
@@ -66,6 +70,11 @@ class Point:
         if not (self.predicted_peak_bytes and self.measured_peak_bytes):
             return None
         return self.predicted_peak_bytes / self.measured_peak_bytes - 1
+
+    def configuration(self) -> Configuration:
+        """The measured configuration, to predict again."""
+        return Configuration(self.workload(), self.schedule, self.gpus, self.microbatches,
+                             data_parallel=self.data_parallel, runtime=self.runtime, copy_streams=self.copy_streams)
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -110,16 +119,17 @@ STEP_S = (1e-9, 1e6)  # a step time's sane range: a nanosecond to 11 days
 PEAK_BYTES = 1e18
 
 
-def _finite(row: dict, column: str, lo: float, hi: float, default: str | None = None, zero: bool = False) -> float:
+def _finite(row: dict[str, str], column: str, lo: float, hi: float, default: str | None = None,
+            zero: bool = False) -> float:
     """A column's number: in [lo, hi] (or 0 if `zero`), so finite; ValueError naming the column otherwise."""
     text = row.get(column) or default
-    value = float(text)  # ValueError for text; TypeError for a missing cell
+    value = float(text)  # type: ignore[arg-type]  # ValueError for text; TypeError for a missing cell (None)
     if not (lo <= value <= hi or zero and value == 0):  # NaN fails both
         raise ValueError(f"{column} must be {'0 or ' if zero else ''}a number from {lo:g} to {hi:g}, got {text}")
     return value
 
 
-def _times(row: dict) -> dict[str, float]:
+def _times(row: dict[str, str]) -> dict[str, float]:
     """The row's times: each in STEP_S, and min <= median <= max of the measured steps."""
     times = {c: _finite(row, c, *STEP_S) for c in COLUMNS if c.endswith("_s")}
     if not times["measured_min_s"] <= times["measured_s"] <= times["measured_max_s"]:
@@ -128,8 +138,8 @@ def _times(row: dict) -> dict[str, float]:
     return times
 
 
-def _size(row: dict, column: str, default: str | None = None) -> int:
-    value = int(row.get(column) or default)
+def _size(row: dict[str, str], column: str, default: str | None = None) -> int:
+    value = int(row.get(column) or default)  # type: ignore[arg-type]  # a missing cell (None): TypeError
     if not 1 <= value <= MAX_SIZE:
         raise ValueError(f"{column} must be a whole number from 1 to {MAX_SIZE:,}, got {value}")
     return value
@@ -149,15 +159,15 @@ def read_points(path: str | Path) -> list[Point]:
         raise ParsimError(f"results {path}, line {reader.line_num}: not a CSV row ({e})") from None
 
 
-def _points(reader: csv.DictReader, path: str | Path) -> list[Point]:
-    points = []
+def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
+    points: list[Point] = []
     for n, row in enumerate(reader, start=2):
         try:
             times = _times(row)
-            sizes = [_size(row, c) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")]
+            sizes = {c: _size(row, c) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")}
             dp = _size(row, "data_parallel", "1")
-            if dp < 1 or sizes[0] % dp:
-                raise ValueError(f"data_parallel {dp} does not divide gpus {sizes[0]}")
+            if dp < 1 or sizes["gpus"] % dp:
+                raise ValueError(f"data_parallel {dp} does not divide gpus {sizes['gpus']}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
             runtime = (row.get("runtime") or "hw").strip()
             get_runtime(runtime)
@@ -167,9 +177,10 @@ def _points(reader: csv.DictReader, path: str | Path) -> list[Point]:
             schedule = (row.get("schedule") or "").strip()
             if not schedule:
                 raise ValueError("schedule is empty")
-            point = Point(schedule, *sizes, excluded=(row.get("excluded") or "").strip(),
-                          data_parallel=dp, copy_streams=copy, spec=(row.get("model") or "").strip(),
-                          runtime=runtime, host_probe_s=probe_s, **times, **peaks)
+            columns: dict[str, Any] = {**sizes, **times, **peaks}
+            point = Point(schedule, excluded=(row.get("excluded") or "").strip(), data_parallel=dp,
+                          copy_streams=copy, spec=(row.get("model") or "").strip(), runtime=runtime,
+                          host_probe_s=probe_s, **columns)
             point.workload()  # a bad spec is this line's error, not a later one's
             check_actions(point.schedule, point.gpus, point.microbatches,
                           fix="compare predicts every row: leave this one out")  # before any row is predicted
@@ -181,19 +192,16 @@ def _points(reader: csv.DictReader, path: str | Path) -> list[Point]:
     return points
 
 
-def _predict(p: Point, profile):
-    from parsim.sim.predict import predict
-
-    runtime = get_runtime(p.runtime)
+def _prepare(p: Point, profile: Profile) -> Prepared:
     progress.phase(f"{p.label} on {p.gpus} GPUs, m={p.microbatches}")
-    return predict(_schedule(p), p.workload(), profile, p.copy_streams, p.data_parallel, runtime)[0]
+    return prepare(p.configuration(), profile)
 
 
-def _schedule(p: Point):
-    return get_runtime(p.runtime).build(p.schedule, p.gpus // p.data_parallel, p.microbatches)
+def _predict(p: Point, profile: Profile) -> Prediction:
+    return _prepare(p, profile).predict()[0]
 
 
-def repredict(points: list[Point], profile, runtime: str | None = None) -> list[Point]:
+def repredict(points: list[Point], profile: Profile, runtime: str | None = None) -> list[Point]:
     """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration), each
     as run by `runtime` where given, else by its own; the peak memory predicted where the CSV has none (what
     `hw validate` predicts: weights, the step's gradients, activations and working memory)."""
@@ -201,26 +209,27 @@ def repredict(points: list[Point], profile, runtime: str | None = None) -> list[
     for p in points:
         if runtime is not None:
             p = replace(p, runtime=runtime)
-        predicted = _predict(p, profile)
-        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), _schedule(p), microbatch_tokens(
+        prepared = _prepare(p, profile)
+        predicted = prepared.predict()[0]
+        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), prepared.schedule, microbatch_tokens(
             p.workload(), p.microbatches, p.data_parallel), "none"))
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out
 
 
-def mark_host_sensitive(points: list[Point], profile) -> list[Point]:
+def mark_host_sensitive(points: list[Point], profile: Profile) -> list[Point]:
     """Each point marked by whether a HOST_SWING-times slower host moves its prediction past HOST_TOLERANCE."""
     slow = profile.with_host_slower(HOST_SWING)
     return [replace(p, host_sensitive=_predict(p, slow).step_time_s > (1 + HOST_TOLERANCE) * _predict(p, profile)
                     .step_time_s) for p in points]
 
 
-def at_measured_host(points: list[Point], profile) -> list[Point]:
+def at_measured_host(points: list[Point], profile: Profile) -> list[Point]:
     """Each point that has a host probe with its prediction at the host speed the probe measured in its turn."""
     from parsim.hostprobe import at_host_speed
 
-    scaled = {}
+    scaled: dict[tuple[float, int], Profile] = {}
     out = []
     for p in points:
         if p.host_probe_s:
@@ -252,7 +261,8 @@ def error_table(points: list[Point]) -> str:
         note = f"  excluded: {p.excluded}" if p.excluded else ""
         lines.append(f"{p.model:<{w}} {p.label:<24} {p.gpus:>4} {p.microbatches:>4} "
                      f"{p.measured_s * 1e3:>8.2f}ms {p.predicted_s * 1e3:>8.2f}ms {p.error:>+7.1%} "
-                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  {'yes' if p.host_sensitive else '':<3}{note}")
+                     f"{p.measured_speedup:>6.2f}/{p.predicted_speedup:<6.2f}  "
+                     f"{'yes' if p.host_sensitive else '':<3}{note}")
     lines.append("")
     gpu_bound = [p for p in points if not p.host_sensitive]
     parts = [("all", points), ("GPU-bound (not host-sensitive)", gpu_bound)]
@@ -290,7 +300,7 @@ def ranking_lines(points: list[Point]) -> list[str]:
     """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
     fastest and the one predicted fastest ("what should I run?" asked of the measured grid; of schedules predicted
     equally fast to the nanosecond, the one predicted to need less memory, as plan ranks them)."""
-    groups: dict[tuple, list[Point]] = {}
+    groups: dict[tuple[str, int, int, bool, int, str], list[Point]] = {}
     for p in points:
         if not p.excluded:
             groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime),
@@ -302,7 +312,8 @@ def ranking_lines(points: list[Point]) -> list[str]:
         measured = min(ps, key=lambda p: p.measured_s)
         predicted = min(ps, key=lambda p: (round(p.predicted_s, 9), p.predicted_peak_bytes))  # a tie: less memory
         right += predicted is measured
-        miss = "" if predicted is measured else f", which measured {predicted.measured_s / measured.measured_s - 1:+.1%}"
+        slower = predicted.measured_s / measured.measured_s - 1
+        miss = "" if predicted is measured else f", which measured {slower:+.1%}"
         lines.append(f"  {model}, {gpus} GPU(s), m={m}, {runtime}: measured fastest {measured.schedule} "
                      f"({measured.measured_s * 1e3:.2f} ms), predicted fastest {predicted.schedule} "
                      f"({predicted.predicted_s * 1e3:.2f} ms){miss}")
@@ -320,7 +331,7 @@ def memory_lines(points: list[Point]) -> list[str]:
     for p in known:
         lines.append(f"{'':<21}{p.label:<24} {p.microbatches:>4} {p.measured_peak_bytes / 2**30:>6.2f}GiB "
                      f"{p.predicted_peak_bytes / 2**30:>6.2f}GiB {p.memory_error:>+7.1%}")
-    errors = [abs(p.memory_error) for p in known]
+    errors = [abs(p.memory_error or 0.0) for p in known]  # known: each has both peaks
     lines.append(f"peak memory: {len(known)} points: median |error| {statistics.median(errors):.1%}, "
                  f"worst {max(errors):.1%}")
     return lines
@@ -372,13 +383,15 @@ def speedups_png(points: list[Point]) -> bytes:
             line = ax.plot(xs, [p.predicted_speedup for p in pts], "-", label=f"{schedule}, {gpus} GPUs: predicted")
             ax.plot(xs, [p.measured_speedup for p in pts], "o", color=line[0].get_color(), label="measured")
         ax.set(xscale="log", xlabel="micro-batches", ylabel="speedup over one GPU", title=model)
-        ax.set_xticks(sorted({p.microbatches for p in points}), [str(m) for m in sorted({p.microbatches for p in points})])
+        counts = sorted({p.microbatches for p in points})
+        ax.set_xticks(counts, [str(m) for m in counts])
         ax.legend(fontsize=7)
     return png_bytes(fig)
 
 
-def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile=None,
-            runtime: str | None = None, host_profile=None, outputs: Outputs | None = None) -> tuple[str, list[Path]]:
+def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile: Profile | None = None,
+            runtime: str | None = None, host_profile: Profile | None = None,
+            outputs: Outputs | None = None) -> tuple[str, list[Path]]:
     """The error table, and the two plots written into out_dir (default: the CSV's folder), both or neither.
 
     With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as

@@ -12,7 +12,11 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from parsim.errors import ParsimError
 from parsim.inputs import file_kind, path_text
@@ -24,7 +28,7 @@ def _umask() -> int:
     return mask
 
 
-def check_output(path: str | os.PathLike, what: str = "output") -> Path:
+def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     """Refuse, before any work, an output path that cannot be written: empty, a name too long, a folder (or a FIFO
     or device), a name ending in a slash, or in a folder that is missing or not writable."""
     text = path_text(path, what)
@@ -71,7 +75,7 @@ def _fill(fd: int, data: str | bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, what: str = "output") -> None:
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, what: str = "output") -> None:
     """Write via a temporary file in the same folder, then rename it over `path`; any failure is one ParsimError
     and leaves nothing behind."""
     p = check_output(path, what)
@@ -98,7 +102,13 @@ class Outputs:
         self._open: dict[Path, tuple[int, str, str]] = {}  # path -> (fd, temporary, what)
         self._filled: dict[Path, str] = {}  # path -> its filled temporary
 
-    def add(self, path: str | os.PathLike | None, what: str) -> Path | None:
+    @overload
+    def add(self, path: str | os.PathLike[str], what: str) -> Path: ...
+
+    @overload
+    def add(self, path: None, what: str) -> None: ...
+
+    def add(self, path: str | os.PathLike[str] | None, what: str) -> Path | None:
         """Check `path` now (None: no such output) and hold its temporary; the Path to `write` later."""
         if path is None:
             return None
@@ -125,7 +135,8 @@ class Outputs:
     def __enter__(self) -> Outputs:
         return self
 
-    def __exit__(self, kind, error, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if error is None and self._open:  # an output added but never written: a bug, not a user's error
             self._discard()
             raise AssertionError(f"outputs never written: {', '.join(map(str, self._open))}")
@@ -182,7 +193,7 @@ def nonfinite_to_null(obj: Any) -> Any:
     return obj
 
 
-def png_bytes(fig) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
     """Lay out a matplotlib figure, render it as a PNG, and close it."""
     import io
 

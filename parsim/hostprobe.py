@@ -25,10 +25,10 @@ def probe(gpus: int) -> tuple[Schedule, Model]:
 
 def host_speed(probe_s: float, gpus: int, profile: Profile) -> float:
     """How much slower than `profile` says the host ran: the probe's measured step over its prediction."""
-    from parsim.sim.predict import predict
+    from parsim.configuration import Configuration, predict
 
-    schedule, model = probe(gpus)
-    return probe_s / predict(schedule, model, profile)[0].step_time_s
+    _, model = probe(gpus)
+    return probe_s / predict(Configuration(model, "gpipe", gpus, MICROBATCHES), profile)[0].step_time_s
 
 
 def at_host_speed(profile: Profile, probe_s: float, gpus: int) -> Profile:

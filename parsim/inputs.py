@@ -27,7 +27,7 @@ MAX_SIZE = 10**9  # a width, side, token, image, sequence, GPU or micro-batch co
 MAX_LAYERS = 10**8  # layers in one model: each is an object in memory
 
 
-def path_text(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError) -> str:
+def path_text(path: str | os.PathLike[str], what: str, error: type[ParsimError] = ParsimError) -> str:
     """`path` as a string, refusing an empty one (which would mean the current folder) and one no file system takes
     (a NUL byte, a character with no bytes)."""
     text = os.fspath(path)
@@ -48,7 +48,7 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
-def read_bytes(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError,
+def read_bytes(path: str | os.PathLike[str], what: str, error: type[ParsimError] = ParsimError,
                limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them.
 
@@ -100,7 +100,7 @@ def gunzip(data: bytes, what: str, error: type[ParsimError] = ParsimError, limit
     return out
 
 
-def read_text(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError) -> str:
+def read_text(path: str | os.PathLike[str], what: str, error: type[ParsimError] = ParsimError) -> str:
     """A regular file's UTF-8 text (see read_bytes and decode)."""
     return decode(read_bytes(path, what, error), f"{what} {os.fspath(path)}", error)
 
@@ -130,7 +130,7 @@ def parse_json(text: str, what: str, error: type[ParsimError] = ParsimError, hin
         raise error(f"{what} is not valid JSON ({e}){hint}") from None
 
 
-def load_json(path: str | os.PathLike, what: str, error: type[ParsimError] = ParsimError, hint: str = "") -> Any:
+def load_json(path: str | os.PathLike[str], what: str, error: type[ParsimError] = ParsimError, hint: str = "") -> Any:
     """A JSON file read by read_text and parse_json."""
     return parse_json(read_text(path, what, error), f"{what} {os.fspath(path)}", error, hint)
 
@@ -147,7 +147,7 @@ def whole(value: Any, where: str, lo: int = 1, hi: int = MAX_SIZE, error: type[P
     problem = whole_problem(value, lo, hi)
     if problem:
         raise error(f"{where} {problem}")
-    return value
+    return int(value)
 
 
 def whole_problem(value: Any, lo: int, hi: int) -> str | None:

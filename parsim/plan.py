@@ -23,9 +23,12 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, cast
 
 from parsim.budget import MAX_ACTIONS, actions, check_plan, cpu_cores, stages_per_rank
+from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError, ProfileError, ScheduleError
 from parsim.interrupts import default_signals
 from parsim.profile import Profile
@@ -33,9 +36,9 @@ from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
-from parsim.sim.dataparallel import gradient_buckets
-from parsim.sim.predict import Prediction, predict
-from parsim.workload import Model, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
+from parsim.sim.grad_allreduce import gradient_buckets
+from parsim.sim.predict import Prediction
+from parsim.workload import Model, StageCost, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
 SPLITS = {"equal": ("equal",), "time": ("time",), "both": ("equal", "time")}
@@ -59,6 +62,12 @@ class Candidate:
         split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
         return f"{self.schedule} m={self.microbatches}{v}{dp}{split}"
 
+    def configuration(self, model: Model, gpus: int, copy_streams: bool = False) -> Configuration:
+        """This candidate as a configuration of `model` on `gpus` GPUs, to predict again (a timeline)."""
+        return Configuration(model, self.schedule, gpus, self.microbatches,
+                             self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
+                             self.runtime, copy_streams, self.balance or "equal")
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -73,6 +82,12 @@ class Shape:
     data_parallel: int
     balance: tuple[int, ...] | None
     floor_s: float
+
+    def configuration(self, model: Model) -> Configuration:
+        """This shape as a configuration of `model`."""
+        return Configuration(model, self.schedule, self.num_ranks * self.data_parallel, self.microbatches,
+                             self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
+                             self.runtime, partition=self.balance or "equal")
 
 
 @dataclass(frozen=True)
@@ -123,7 +138,8 @@ def costed_runtimes(profile: Profile) -> list[Runtime]:
     return out
 
 
-Layout = tuple  # (runtime, data-parallel degree, schedule, micro-batches, virtual stages or None, stages)
+# (runtime, data-parallel degree, schedule, micro-batches, virtual stages or None, stages)
+Layout = tuple[Runtime, int, str, int, int | None, int]
 
 
 def layouts(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
@@ -168,7 +184,7 @@ def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], s
     cells = sum(stages for _, stages, _ in keys) * len(model.layers) if "time" in SPLITS[partition] else 0
     check_plan([layout[-1] for layout in todo], cells, gpus, len(model.layers))
     out: list[Shape] = []
-    splits_of: dict[tuple[str, int, int], list[tuple[tuple[int, ...] | None, list]]] = {}
+    splits_of: dict[tuple[str, int, int], list[tuple[tuple[int, ...] | None, list[StageCost]]]] = {}
     run_profiles = {runtime.name: runtime.costs(profile) for runtime in runtimes}
     for layout in todo:
         runtime, dp, name, m, v, stages = layout
@@ -187,10 +203,10 @@ def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], s
 
 
 def _splits(model: Model, partition: str, stages: int, m: int, profile: Profile, dp: int
-            ) -> list[tuple[tuple[int, ...] | None, list]]:
+            ) -> list[tuple[tuple[int, ...] | None, list[StageCost]]]:
     """(balance, stage costs) of each split `partition` asks for, once per layer counts (a time split may be the
     equal one: the first asked for is kept)."""
-    out: dict[tuple[int, ...], tuple[tuple[int, ...] | None, list]] = {}
+    out: dict[tuple[int, ...], tuple[tuple[int, ...] | None, list[StageCost]]] = {}
     for how in SPLITS[partition]:
         split = partitioned(model, how, stages, m, profile, dp)
         counts = tuple(map(len, stage_layers(split, stages)))
@@ -214,19 +230,16 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
              optimizer: str = "adam") -> Candidate | None:
     """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
     schedule refuses these sizes."""
-    runtime = RUNTIMES[shape.runtime]
     try:
-        schedule = runtime.build(shape.schedule, shape.num_ranks, shape.microbatches,
-                                 shape.virtual_stages if shape.schedule in VIRTUAL else None)
+        prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-    split = replace(model, balance=shape.balance)
-    memory = memory_bytes(schedule, split, shape.data_parallel, optimizer)
+    memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer)
     prediction = None
     if memory_limit_bytes is None or memory <= memory_limit_bytes:
-        prediction, _ = predict(schedule, split, profile, data_parallel=shape.data_parallel, runtime=runtime)
+        prediction, _ = prepared.predict()
     return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
-                     memory, split.balance, shape.runtime)
+                     memory, prepared.model.balance, shape.runtime)
 
 
 def _evaluate_in_worker(shape: Shape) -> Candidate | None:
@@ -263,7 +276,7 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
                   time.perf_counter() - start, jobs, left_out)
 
 
-def _search(todo: list[Shape], bar, top: int | None, context: tuple[Model, Profile, float | None, str],
+def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, Profile, float | None, str],
             jobs: int) -> tuple[list[tuple[float, int, Candidate]], list[Candidate], dict[str, int]]:
     """Simulate what can still enter the top `top` (search's loop): (step, index, candidate) of those that fit,
     those over the memory limit, and how many were pruned or cannot run."""
@@ -292,7 +305,7 @@ def _search(todo: list[Shape], bar, top: int | None, context: tuple[Model, Profi
         if found is _PRUNED:
             counts["pruned"] += 1
             continue
-        record(shape, found)
+        record(shape, cast("Candidate | None", found))
         if top is not None and len(best) == top:  # the bar counts to what may still win, not to everything
             bar.total = bisect.bisect_right(floors, -best[0])
         bar.update()
@@ -302,7 +315,7 @@ def _search(todo: list[Shape], bar, top: int | None, context: tuple[Model, Profi
 _PRUNED = object()  # _run's mark for a configuration it did not simulate
 
 
-def _run(ordered: list[Shape], can_win, context: tuple[Model, Profile, float | None, str],
+def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], context: tuple[Model, Profile, float | None, str],
          jobs: int) -> Iterator[tuple[Shape, object]]:
     """(shape, candidate or None or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
     turn comes (checked again before a queued one starts), on `jobs` worker processes (1: in this one);
@@ -317,18 +330,18 @@ def _run(ordered: list[Shape], can_win, context: tuple[Model, Profile, float | N
         return
     pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=context)
     try:
-        pending: dict[Future, Shape] = {}
+        pending: dict[Future[Candidate | None], Shape] = {}
         queue = iter(ordered)
         stopped = False
         while pending or not stopped:
             while not stopped and len(pending) < 2 * jobs:
-                shape = next(queue, None)
-                if shape is None or not can_win(shape):
+                upcoming = next(queue, None)
+                if upcoming is None or not can_win(upcoming):
                     stopped = True
-                    for rest in ([shape] if shape is not None else []) + list(queue):
+                    for rest in ([upcoming] if upcoming is not None else []) + list(queue):
                         yield rest, _PRUNED
                     break
-                pending[pool.submit(_evaluate_in_worker, shape)] = shape
+                pending[pool.submit(_evaluate_in_worker, upcoming)] = upcoming
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -364,7 +377,7 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, show: bool):
+def _progress(total: int, show: bool) -> AbstractContextManager[Any]:
     """A progress bar on stderr for a search that takes more than a second, where stderr is a terminal."""
     if not show:
         from contextlib import nullcontext
@@ -373,7 +386,9 @@ def _progress(total: int, show: bool):
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: the worker processes are forked while the bar is up
-    return tqdm(total=total, unit="config", desc="plan", delay=1.0, leave=False, disable=None)
+    bar: AbstractContextManager[Any] = tqdm(total=total, unit="config", desc="plan", delay=1.0, leave=False,
+                                            disable=None)
+    return bar
 
 
 def default_jobs() -> int:

@@ -179,14 +179,15 @@ class GilCosts:
     its autograd nodes' share of loss.backward() beyond backward_call_s and the seed's launch (linear_backward_s),
     and a small step's final sync (step_sync_s: its last kernels' tail and the wake-up; host.sync_s is an idle
     GPU's).
-    DistributedDataParallel's own host costs beyond the module's (hw.interfaces.data_parallel, a process group of one rank;
+    DistributedDataParallel's own host costs beyond the module's (hw.interfaces.data_parallel, a process group of one
+    rank;
     2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
     all-reduce call for one parameter tensor (ddp_backward_s) and each further one (ddp_param_s).
     handoff_share: of the launches of two threads launching together, the share that followed the other thread's
     (the GIL went to the thread its release woke, not back to the releaser); None before 2026-11-27: 0.
     launch_curve: ((threads, seconds), ...) rising: 1-8 threads launching small kernels together, the time per launch
     of all of them (`hw calibrate --interfaces` since 2026-11-28); where present, the GIL model's contended launches
-    follow it (parsim.sim.gil.Gil.held_s), and the GIL experiment only checks it.
+    follow it (parsim.sim.gil.Gil.stretched), and the GIL experiment only checks it.
     """
 
     launch_s: float
@@ -306,7 +307,7 @@ class Profile:
         return replace(self, host=host, layers=layers, runtimes=runtimes)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"schema": SCHEMA, "version": VERSION}
+        doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
         for key in ("gil", "cpu", "gpu_memory_bytes", "resident_comm"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
@@ -345,35 +346,35 @@ def _bounds(key: str) -> tuple[float, float]:
     return SECONDS if key.endswith("_s") else SCALES
 
 
-def _number(doc: dict, key: str, where: str, positive: bool = True) -> float:
+def _number(doc: dict[str, Any], key: str, where: str, positive: bool = True) -> float:
     """doc[key]: a finite number in its sane range (_bounds); 0 too unless `positive`."""
     value = doc.get(key) if isinstance(doc, dict) else None
     lo, hi = _bounds(key)
     return number(value, f"{where}.{key}", lo, hi, ProfileError, above=lo == 0, zero=not positive)
 
 
-def _core_speed(speeds: dict, n: str, where: str) -> tuple[int, float]:
+def _core_speed(speeds: dict[str, Any], n: str, where: str) -> tuple[int, float]:
     count = whole(int(n), f"{where}'s busy-core count", 1, MAX_COUNT, ProfileError)
     return count, number(speeds[n], f"{where}.{n}", *CORE_SPEEDS, ProfileError)
 
 
-def _section(doc: Any, key: str, where: str) -> dict:
+def _section(doc: Any, key: str, where: str) -> dict[str, Any]:
     value = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(value, dict):
         raise ProfileError(f"{where}.{key} is missing or not an object")
     return value
 
 
-def _measured(doc: dict, where: str) -> bool:
+def _measured(doc: dict[str, Any], where: str) -> bool:
     return flag(doc.get("measured", True), f"{where}.measured", ProfileError)
 
 
-def _link(doc: dict, where: str) -> LinkSpec:
+def _link(doc: dict[str, Any], where: str) -> LinkSpec:
     return LinkSpec(_number(doc, "latency_s", where, positive=False),
                     _number(doc, "bandwidth_Bps", where), _measured(doc, where))
 
 
-def _op_cost(doc: dict, where: str) -> OpCost:
+def _op_cost(doc: dict[str, Any], where: str) -> OpCost:
     return OpCost(_number(doc, "host_s", where, positive=False),
                   _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where),
                   _corrections(doc.get("corrections", []), f"{where}.corrections"))
@@ -472,11 +473,11 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
                         _number(doc, "step_s", where, positive=False), tuple(unmeasured), gpu_ratios=ratios, **optional)
 
 
-def _whole(doc: dict, key: str, where: str) -> int:
+def _whole(doc: dict[str, Any], key: str, where: str) -> int:
     return whole(doc.get(key), f"{where}.{key}", 1, MAX_COUNT, ProfileError)
 
 
-def _gil(doc: dict, where: str) -> GilCosts:
+def _gil(doc: dict[str, Any], where: str) -> GilCosts:
     """The gil section; one calibrated before the wake-up probes (contended_launch_s, no wake) loads without them."""
     replicate, released = doc.get("replicate_module_s"), doc.get("released_s")
     launch = _number(doc, "launch_s", where)
@@ -520,12 +521,12 @@ def _count_times(points: Any, where: str, count: str) -> tuple[tuple[int, float]
     return tuple(pairs)
 
 
-def _resident_comm(doc: dict, where: str) -> ResidentComm:
+def _resident_comm(doc: dict[str, Any], where: str) -> ResidentComm:
     return ResidentComm(number(doc.get("rate"), f"{where}.rate", 0.0, 1.0, ProfileError, above=True),
                         str(doc.get("source", "")))
 
 
-def _cpu(doc: dict, where: str) -> CpuCosts:
+def _cpu(doc: dict[str, Any], where: str) -> CpuCosts:
     speeds = _section(doc, "core_speed", where)
     try:
         core_speed = dict(_core_speed(speeds, n, f"{where}.core_speed") for n in speeds)
@@ -539,7 +540,7 @@ def _cpu(doc: dict, where: str) -> CpuCosts:
                     str(doc.get("core_speed_probe", "matmul")))
 
 
-def load_profile(path: str | os.PathLike | None = None) -> Profile:
+def load_profile(path: str | os.PathLike[str] | None = None) -> Profile:
     """Read and check a profile file; None reads the package's shipped default."""
     if path is None:
         text = resources.files("parsim.profiles").joinpath("default.json").read_text()
@@ -558,13 +559,13 @@ def profile_json(profile: Profile) -> str:
     return text
 
 
-def samples_path(path: str | os.PathLike) -> Path:
+def samples_path(path: str | os.PathLike[str]) -> Path:
     """Where a calibration's raw samples go, beside its profile: profile.json -> profile.samples.json."""
     p = Path(path)
     return p.with_name(p.stem + ".samples.json")
 
 
-def save_profile(profile: Profile, path: str | os.PathLike, samples: dict | None = None) -> None:
+def save_profile(profile: Profile, path: str | os.PathLike[str], samples: dict[str, Any] | None = None) -> None:
     """Write the profile, and with `samples` the raw samples beside it (samples_path): atomically, both or neither."""
     with Outputs() as outputs:
         target = outputs.add(path, "profile")

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 DELAY_S = 0.5  # work shorter than this shows nothing
 REFRESH_S = 0.25
@@ -32,7 +33,7 @@ class Progress:
         self.show = sys.stderr.isatty() if show is None else show
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bar = None  # a tqdm, made once the line is due
+        self._bar: Any = None  # a tqdm (untyped), made once the line is due
 
     def __enter__(self) -> Progress:
         global _active

@@ -115,7 +115,7 @@ def help_text(command: str) -> str:
     """What `python -m {command} --help` prints: command is `parsim`, `parsim predict`, `hw measure`, ..."""
     tool, *sub = command.split()
     if tool == "parsim":
-        from parsim.cli import _parser as parsim_parser
+        from parsim.cli import build_parser as parsim_parser
 
         parser = parsim_parser()
     elif tool == "hw":

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from conftest import make_profile
 
-from parsim.sim.dataparallel import DDP_BUCKET_BYTES
+from parsim.sim.grad_allreduce import DDP_BUCKET_BYTES
 from parsim.errors import ProfileError
 from parsim.sim.predict import predict, simulate
 from parsim.profile import CollectiveSpec, LinkSpec

@@ -54,9 +54,9 @@ def parse(command: str):
     """The command's arguments as its tool's parser reads them (a flag that does not exist fails here)."""
     tool, *argv = shlex.split(command)[2:]
     if tool == "parsim":
-        from parsim.cli import _parser
+        from parsim.cli import build_parser
 
-        return _parser().parse_args(argv)
+        return build_parser().parse_args(argv)
     pytest.importorskip("torch")
     from hw.__main__ import parser_for
 

@@ -277,15 +277,15 @@ def test_every_call_hw_times_is_one_the_model_prices(call):
     would otherwise charge makes the step of an MLP stack (many chunks) over two GPUs longer (the probe's backward:
     dearer over two GPUs than over one)."""
     from hw.interfaces.data_parallel import CALLS
-    from parsim.scenarios.interfaces import _model_replica
-    from parsim.sim.nn_data_parallel import data_parallel_step_s
+    from parsim.scenarios.interfaces import model_replica
+    from parsim.sim.dataparallel_step import data_parallel_step_s
     from parsim.workload import mlp_model
 
     assert call in CALLS and len(CALLS) == 8
     profile = load_profile()
     timed = ((1, 1e-3), (2, 0.1)) if call == "backward" else ((2, 0.01),)
     dear = dataclasses.replace(profile, gil=dataclasses.replace(profile.gil, calls={call: timed}))
-    replica = _model_replica(mlp_model(2, 2048, 64), profile)
+    replica = model_replica(mlp_model(2, 2048, 64), profile)
     assert data_parallel_step_s(replica, 2, dear) > data_parallel_step_s(replica, 2, profile) + 0.009
 
 
@@ -332,7 +332,7 @@ def test_reduce_add_coalesced_chunks_as_torchs_own_take_tensors_does(sizes):
     the 10 MiB buffer reduce_add_coalesced passes it)."""
     from torch._utils import _take_tensors
 
-    from parsim.sim.nn_data_parallel import COALESCE_BYTES, coalesced
+    from parsim.sim.dataparallel_step import COALESCE_BYTES, coalesced
 
     tensors = [torch.empty(n, dtype=torch.uint8) for n in sizes]
     theirs = [sum(t.numel() for t in chunk) for chunk in _take_tensors(tensors, COALESCE_BYTES)]

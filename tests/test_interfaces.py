@@ -17,7 +17,7 @@ from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwi
                                         launch_figures, launch_pace_s, step_bytes)
 from parsim.profile import CollectiveSpec, CpuCosts, GilCosts, HostCosts, KernelCost, from_json, load_profile
 from parsim.sim.cpu import SharedRate, core_speed
-from parsim.sim.nn_data_parallel import Replica, data_parallel_step_s
+from parsim.sim.dataparallel_step import Replica, data_parallel_step_s
 from parsim.workload import StageCost, Work
 
 GIL = GilCosts(launch_s=8e-6, thread_s=50e-6, released_s=6e-6, wake=((0.0, 0.0),), cores=None,
@@ -200,7 +200,7 @@ def test_torch_cuts_an_mlp_stacks_parameters_into_the_chunks_measured():
     """16 blocks of h=2048 in bf16: reduce_add_coalesced made 65 NCCL calls a step on 4 H100
     (data/interfaces/h100x4-2026-11-27-dp-blocking); broadcast_coalesced's rule closes a chunk at the buffer."""
     from parsim.scenarios.interfaces import mlp_tensors
-    from parsim.sim.nn_data_parallel import COALESCE_BYTES, coalesced
+    from parsim.sim.dataparallel_step import COALESCE_BYTES, coalesced
 
     tensors = mlp_tensors(2048, 2) * 16
     assert len(coalesced(tensors, close_at_limit=False)) == 65 and len(coalesced(tensors, close_at_limit=True)) == 33

@@ -15,7 +15,7 @@ from parsim.runtimes import RUNTIMES
 from parsim.schedules import VIRTUAL, Action, Schedule
 from parsim.sim.check import validate
 from parsim.sim.dataflow import Transfer
-from parsim.sim.dataparallel import gradient_buckets
+from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.longest_path import settle_step
 from parsim.sim.predict import simulate
 from parsim.workload import StageCost, Work

@@ -15,7 +15,7 @@ from parsim.runtimes import EAGER, TORCH
 from parsim.schedules import VIRTUAL, act
 from parsim.sim.lower import compute_track
 from parsim.sim.machine import Machine
-from parsim.sim.predict import _lowered_machine, predict, simulate
+from parsim.sim.predict import lowered_machine, predict, simulate
 from parsim.sim.sharing import early_receives, lengthening, rate_beside, settle_sharing, stretch, waiting
 from parsim.workload import mlp_model, stage_costs
 
@@ -75,7 +75,7 @@ def test_the_settled_step_is_one_its_own_slowdowns_imply_and_no_faster_than_with
     costs = stage_costs(mlp_model(16, 2048, 8192), schedule.num_stages, m, profile)
 
     def run(slower):
-        return _lowered_machine(schedule, costs, profile, False, 1, None, slower)
+        return lowered_machine(schedule, costs, profile, False, 1, None, slower)
 
     machine, slower = settle_sharing(run, schedule, early_receives(schedule), SLOW.rate)
     again, table = run(slower)

@@ -120,10 +120,10 @@ def test_partition_by_time_with_host_costs_is_as_good_as_every_split(seed):
 
 def _scan_every_cut(gpu: list[float], stages: int, host: list[float] | None, fixed: float) -> tuple[int, ...]:
     """partition_by_time's dynamic programme with every cut tried at each step (its first form, O(stages x n^2))."""
-    from parsim.workload.partition import _prefix
+    from parsim.workload.partition import prefix_sums
 
     n, inf = len(gpu), float("inf")
-    g, h = _prefix(gpu), _prefix(host) if host is not None else None
+    g, h = prefix_sums(gpu), prefix_sums(host) if host is not None else None
     time = lambda a, b: g[b] - g[a] if h is None else max(g[b] - g[a], fixed + h[b] - h[a])
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]

@@ -11,7 +11,7 @@ from hw.calibrate.fit import Fit, fit_affine
 from hw.run.ranks import host_pinned, local_rank
 from hw.timing import median_s, sync
 from parsim.profile import CollectiveSpec, LinkSpec
-from parsim.sim.dataparallel import DDP_BUCKET_BYTES
+from parsim.sim.grad_allreduce import DDP_BUCKET_BYTES
 from parsim.workload import mlp_model
 
 

@@ -10,15 +10,13 @@ from hw.run.ranks import require_gpus
 from hw.run.runtimes import check_runs
 from parsim import flags
 from parsim.budget import check_cpu_run
-from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, split_model
+from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, partition_from_args
+from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError
 from parsim.files import check_output, json_text, write_atomic
 from parsim.profile import load_profile
-from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.sim.check import validate
-from parsim.sim.predict import check_sizes
-from parsim.workload import microbatch_tokens
 
 PINNING_NOTE = ("hw's runner is timed with its host thread pinned to a core (HW_PIN=0 unpins it), the others "
                 "unpinned, as people run them")
@@ -67,19 +65,13 @@ def _check(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     traces = _check(args)
     given = load_profile(args.profile) if args.profile else None  # a bad --profile fails now, used or not
-    model = model_from_args(args)
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
-    pp = args.gpus // args.data_parallel
-    check_sizes(model, args.schedule, pp, args.microbatches, args.virtual_stages, args.data_parallel)  # before building
-    runtime = get_runtime(args.runtime)
-    schedule = runtime.build(args.schedule, pp, args.microbatches, args.virtual_stages)
-    if schedule.num_stages > len(model.layers):  # a schedule read from torch: its stages are known only now
-        raise ParsimError(f"cannot split {len(model.layers)} layers into {schedule.num_stages} stages")
-    microbatch_tokens(model, schedule.num_microbatches, args.data_parallel)  # the batch splits evenly
+    config = Configuration(model_from_args(args), args.schedule, args.gpus, args.microbatches, args.virtual_stages,
+                           args.data_parallel, args.runtime, args.copy_streams, partition_from_args(args))
+    prepared = prepare(config, given or load_profile())  # checked, built and split as `parsim predict` does
+    schedule, model = prepared.schedule, prepared.model
     validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
-    profile = runtime.costs(given or load_profile()) if args.partition == "time" else None
-    model = split_model(args, model, schedule.num_stages, schedule.num_microbatches, args.data_parallel, profile)
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     if args.cpu:  # refused at once where even a CPU at its peak could not finish in time
         check_cpu_run(model, dtype, steps_per_job(args.steps, args.warmup, args.trace), 2, args.timeout,

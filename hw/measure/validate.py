@@ -24,6 +24,7 @@ from hw.run.teardown import child_env
 from parsim import flags
 from parsim.budget import check_cpu_run
 from parsim.compare import COLUMNS, compare
+from parsim.configuration import Configuration, predict
 from parsim.errors import ParsimError
 from parsim.files import check_output, json_text, write_atomic
 from parsim.hostprobe import probe as host_probe
@@ -31,7 +32,6 @@ from parsim.interrupts import Stopped, note
 from parsim.profile import load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
-from parsim.sim.predict import predict
 from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
 
 
@@ -133,7 +133,9 @@ def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -
     """One CSV row: the point, its measured median and spread, the host probe's median step in its turn, and
     parsim's prediction."""
     s, model = job.schedule, job.model
-    predicted, _ = predict(s, model, profile, job.copy_streams, job.data_parallel, get_runtime(job.runtime))
+    config = Configuration(model, s.name, job.ranks, s.num_microbatches, data_parallel=job.data_parallel,
+                           runtime=job.runtime, copy_streams=job.copy_streams)
+    predicted, _ = predict(config, profile)
     c = measured["config"]
     measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
     samples = microbatch_tokens(model, s.num_microbatches, job.data_parallel)

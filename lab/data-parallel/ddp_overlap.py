@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's hw, run from anywhere
 from hw.interfaces.data_parallel import beside, build, forward_backward, slowest_steps, timed_steps  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
-from parsim.sim.dataparallel import DDP_BUCKET_BYTES  # noqa: E402
+from parsim.sim.grad_allreduce import DDP_BUCKET_BYTES  # noqa: E402
 
 COUNTS = (2, 4)
 MODES = ("ddp", "no_sync", "allreduce", "beside")

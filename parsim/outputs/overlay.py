@@ -32,7 +32,8 @@ def measured_kernels(trace: str | Path) -> tuple[Spans, Spans]:
     spans = [(str(e.get("name", "")), number(e.get("ts"), f"trace {path}: kernel event {i}'s ts", -1e18, 1e18),
               number(e.get("dur"), f"trace {path}: kernel event {i}'s dur", 0, 1e18)) for i, e in enumerate(kernels)]
     t0 = min(ts for _, ts, _ in spans)
-    compute, comm = [], []
+    compute: list[tuple[float, float]] = []
+    comm: list[tuple[float, float]] = []
     for name, ts, dur in spans:
         (comm if "nccl" in name.lower() else compute).append(((ts - t0) / 1e6, dur / 1e6))
     return compute, comm

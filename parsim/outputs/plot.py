@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from parsim.files import png_bytes, write_atomic  # noqa: E402
 from parsim.sim.predict import Simulation  # noqa: E402
@@ -43,7 +44,7 @@ def gantt_png(sim: Simulation, title: str = "") -> bytes:
     """The timeline (in ms) as a PNG."""
     rows = _rows(sim)
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.5))
-    for y, (track, bars) in enumerate(rows.items()):
+    for y, bars in enumerate(rows.values()):
         for key, spans in bars.items():
             ax.broken_barh([(s * 1e3, d * 1e3) for s, d in spans], (y - 0.4, 0.8),
                            facecolors=COLOURS.get(key, "tab:red"), edgecolors="white", linewidth=0.3)
@@ -61,6 +62,6 @@ def gantt_png(sim: Simulation, title: str = "") -> bytes:
     names = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "comm": "message",
              "host": "host launch"}
     keys = [k for k in COLOURS if k in used]
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in keys], [names[k] for k in keys],
+    ax.legend([Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in keys], [names[k] for k in keys],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=len(keys), frameon=False)
     return png_bytes(fig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parsim.sim.predict import Prediction
+from parsim.sim.predict import GpuReport, Prediction
 
 
 def fmt_time(seconds: float) -> str:
@@ -52,7 +52,8 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
     """A short human report: the headline figures, then one row per GPU (elided past max_rows)."""
     lines = [
         f"parsim prediction: {p.schedule} on {p.gpus} GPU(s), {p.microbatches} micro-batches"
-        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages" if p.data_parallel > 1 else "")
+        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages"
+           if p.data_parallel > 1 else "")
         + (f", run by {p.runtime}" if p.runtime != "hw" else ""),
         f"  model     {p.model}",
         f"  profile   {p.profile}",
@@ -64,7 +65,7 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
         "",
         f"  {'gpu':>4}  {'stages':<10} {'busy':>11} {'idle':>6}  peak activations",
     ]
-    rows = list(p.per_gpu)
+    rows: list[GpuReport | None] = list(p.per_gpu)
     shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + [None] + rows[-max_rows // 2:]
     for g in shown:
         if g is None:

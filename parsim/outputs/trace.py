@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from parsim.sim.predict import Simulation
 from parsim.files import json_text, write_atomic
+from parsim.sim.predict import Simulation
 
 LINKS_PID = 1_000_000  # after every rank's pid
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 
 from parsim.errors import ParsimError
-from parsim.runtimes.base import Runtime, run_by  # noqa: F401
+from parsim.runtimes.base import Runtime, run_by
 from parsim.runtimes.eager import EAGER
 from parsim.runtimes.graphs import GRAPHS, STEP_GRAPH
 from parsim.runtimes.torch_pipelining import TORCH
+
+__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Runtime", "get_runtime", "run_by", "runtime_help", "runtime_name"]
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (EAGER, TORCH, GRAPHS, STEP_GRAPH)}
 DEFAULT_RUNTIME = EAGER.name

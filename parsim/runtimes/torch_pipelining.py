@@ -23,12 +23,26 @@ What decides its step, read from its source (torch/distributed/pipelining/schedu
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from parsim.errors import ScheduleError
 from parsim.runtimes.base import Runtime
-from parsim.schedules import (COMPUTE_OPS, PAIRED_RECV, Action, CommPlan, Op, Schedule, act, dualpipev_orders,
-                              gpipe, interleaved_orders, looped_bfs, one_f_one_b, v_stage_to_rank, zbv)
+from parsim.schedules import (
+    COMPUTE_OPS,
+    PAIRED_RECV,
+    Action,
+    CommPlan,
+    Op,
+    Schedule,
+    act,
+    dualpipev_orders,
+    gpipe,
+    interleaved_orders,
+    looped_bfs,
+    one_f_one_b,
+    v_stage_to_rank,
+    zbv,
+)
 from parsim.schedules.from_torch import TORCH_PREFIX
 
 TORCH_VERSION = "2.11"
@@ -65,7 +79,8 @@ class TorchPipelining(Runtime):
             return _single(name, gpipe(p, m), _gpipe_programs(p, m))
         if name == "1f1b":
             if m < p:
-                raise ScheduleError(f"torch's Schedule1F1B needs at least as many micro-batches as stages ({p}), got {m}")
+                raise ScheduleError(f"torch's Schedule1F1B needs at least as many micro-batches as stages ({p}), "
+                                    f"got {m}")
             return _single(name, one_f_one_b(p, m), _one_f_one_b_programs(p, m))
         owner, slots = _compute_slots(name, p, m, virtual_stages or 2)
         return _runtime_schedule(name, m, owner, slots)
@@ -76,7 +91,7 @@ def schedule_key(text: str) -> str:
     key = text.lower()
     if key.startswith(TORCH_PREFIX):
         by_class = {c.lower(): n for n, c in CLASSES.items()}
-        key = by_class.get(key.removeprefix(TORCH_PREFIX))
+        key = by_class.get(key.removeprefix(TORCH_PREFIX), "")
     if key not in CLASSES:
         names = ", ".join(f"{n} ({c})" for n, c in CLASSES.items())
         raise ScheduleError(f"the torch runtime runs torch.distributed.pipelining's classes: {names}; got {text!r}")
@@ -121,7 +136,10 @@ def _single(name: str, generated: Schedule, programs: list[_Program]) -> Schedul
                     tuple(tuple(p.actions) for p in programs), comm)
 
 
-def _messages(p: int, s: int) -> tuple[callable, callable, callable, callable]:
+Messages = Callable[[int], list[Action]]  # a stage's messages of one kind for micro-batch i
+
+
+def _messages(p: int, s: int) -> tuple[Messages, Messages, Messages, Messages]:
     """Stage s's receive-forward, send-forward, receive-backward and send-backward of micro-batch i, as lists
     (empty where the stage has no such neighbour)."""
     def recv_f(i: int) -> list[Action]:

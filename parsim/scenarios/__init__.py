@@ -12,12 +12,29 @@ import functools
 from collections.abc import Callable
 
 from parsim.profile import Profile
-from parsim.scenarios.base import ScenarioResult, compare_figures, with_op_costs  # noqa: F401
+from parsim.scenarios.base import ScenarioResult, compare_figures, with_op_costs
 from parsim.scenarios.interfaces import data_parallel, hogwild
-from parsim.scenarios.pipelines import (COPY_STREAMS, PIPELINE_SCENARIOS, PIPELINED_RESNET,  # noqa: F401
-                                        RESNET_SPLITS, PipelinePoint, PipelineScenario, predict_pipeline_scenario)
-from parsim.scenarios.textbook import (COPY_PLACEMENTS, async_front_end, copy_compute_overlap,  # noqa: F401
-                                       copy_figures, multi_gpu_matmuls)
+from parsim.scenarios.pipelines import (
+    COPY_STREAMS,
+    PIPELINE_SCENARIOS,
+    PIPELINED_RESNET,
+    RESNET_SPLITS,
+    PipelinePoint,
+    PipelineScenario,
+    predict_pipeline_scenario,
+)
+from parsim.scenarios.textbook import (
+    COPY_PLACEMENTS,
+    async_front_end,
+    copy_compute_overlap,
+    copy_figures,
+    multi_gpu_matmuls,
+)
+
+__all__ = ["COPY_PLACEMENTS", "COPY_STREAMS", "PIPELINED_RESNET", "PIPELINE_SCENARIOS", "RESNET_SPLITS", "SCENARIOS",
+           "PipelinePoint", "PipelineScenario", "ScenarioResult", "async_front_end", "compare_figures",
+           "copy_compute_overlap", "copy_figures", "data_parallel", "hogwild", "multi_gpu_matmuls",
+           "predict_pipeline_scenario", "with_op_costs"]
 
 SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
     "async": async_front_end,

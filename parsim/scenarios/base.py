@@ -1,9 +1,11 @@
-"""What a scenario is: a textbook experiment simulated from a profile, its figures named as hw.measure.scenarios measures them."""
+"""What a scenario is: a textbook experiment simulated from a profile, its figures named as
+hw.measure.scenarios measures them."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from parsim.errors import ProfileError
 from parsim.profile import KernelCost, Profile
@@ -18,8 +20,13 @@ class ScenarioResult:
     assumptions: tuple[str, ...] = ()  # what the model takes as given, printed with the figures
 
 
+def first_line(doc: str | None) -> str:
+    """A docstring's first line: what a scenario function describes itself as."""
+    return (doc or "").partition("\n")[0]
+
+
 def need_host(profile: Profile, field: str) -> float:
-    value = getattr(profile.host, field)
+    value: float | None = getattr(profile.host, field)
     if value is None:
         raise ProfileError(f"this profile has no host.{field}; the scenarios need it: "
                            "re-run `python -m hw calibrate` to measure it")
@@ -33,7 +40,7 @@ def need_kernel(profile: Profile, kind: str) -> KernelCost:
     return profile.kernels[kind]
 
 
-def with_op_costs(profile: Profile, costs: dict) -> Profile:
+def with_op_costs(profile: Profile, costs: dict[str, Any]) -> Profile:
     """`profile` with the host and kernel costs that `python -m hw.calibrate.kernels` measured (its JSON)."""
     try:
         host = dataclasses.replace(profile.host, launch_s=float(costs["host"]["launch_s"]),

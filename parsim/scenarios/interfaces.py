@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Generator
 
 import simpy
 
 from parsim.errors import ProfileError
 from parsim.profile import GIL_STEP_KEYS, CpuCosts, GilCosts, Profile
-from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
+from parsim.scenarios.base import ScenarioResult, first_line, need_host, need_kernel
 from parsim.schedules import gpipe
 from parsim.sim import cpu as cpu_model
+from parsim.sim.dataparallel_step import (
+    Replica,
+    backward_stretch,
+    coalesced,
+    data_parallel_step_s,
+    final_sync_s,
+    loss_s,
+    need_gil,
+    zero_grad_s,
+)
 from parsim.sim.gil import Gil, GilLaunch, gil_thread
 from parsim.sim.machine import Machine
-from parsim.sim.nn_data_parallel import (Replica, backward_stretch, coalesced, data_parallel_step_s, final_sync_s,
-                                          loss_s, need_gil, zero_grad_s)
 from parsim.sim.predict import simulate
 from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
 
@@ -28,7 +37,7 @@ DP_GPUS = tuple(range(1, 9))
 HOGWILD_PROCESSES = (1, 2, 4, 8, 16)
 HOGWILD_MODEL = "4x128x256"  # each process's step: 4 MLP blocks of 128, 256 tokens (fp32 on the CPU)
 TEXT_BATCH = 30  # the text's DataParallel example: nn.Linear(5, 2) on batches of 30
-MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16); hw.interfaces.data_parallel builds it from these
+MLP_BLOCKS, MLP_HIDDEN, MLP_TOKENS = 16, 2048, 8192  # the MLP stack (bf16), as hw.interfaces.data_parallel builds it
 
 
 # --- the GIL experiment ---------------------------------------------------------------------------
@@ -50,7 +59,7 @@ def launch_pace_s(gil: GilCosts, threads: int, hold_s: float = 0.0, launches: in
     for w in workers:
         w.steps += [step] * launches
     m.run()
-    done = min(w.finished_at for w in workers)
+    done = min(w.finished_at or 0.0 for w in workers)  # every one finished: m.run raises on a deadlock
     ends = sorted(end for w in workers for _, _, end in w.launch_spans if end <= done)
     skip = 2 * threads
     return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
@@ -176,7 +185,7 @@ def mlp_tensors(hidden: int, dtype_bytes: int) -> tuple[int, ...]:
     return tuple(n * dtype_bytes for n in (hidden, hidden, 4 * hidden**2, 4 * hidden, 4 * hidden**2, hidden))
 
 
-def _model_replica(model: Model, profile: Profile) -> Replica:
+def model_replica(model: Model, profile: Profile) -> Replica:
     """An MLP stack's layers, each costed as a stage of its own; 4 modules per block, 1 for the Sequential."""
     layers = tuple(stage_costs(model, len(model.layers), 1, profile))
     first = model.layers[0]
@@ -209,11 +218,12 @@ def _ddp_step_s(replica: Replica, gpus: int, profile: Profile) -> float:
     return step_s + final_sync_s(gil, profile.host.sync_s, 1)
 
 
-def dp_figures(name: str, replica_at, profile: Profile, gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
+def dp_figures(name: str, replica_at: Callable[[int], Replica], profile: Profile,
+               gpus: tuple[int, ...] = DP_GPUS) -> dict[str, float]:
     """Step time and speedup over one GPU of DataParallel and DDP, for each GPU count, the global batch fixed
     (one node holds them all)."""
     profile = dataclasses.replace(profile, gpus_per_node=max(profile.gpus_per_node, max(gpus)))
-    out = {}
+    out: dict[str, float] = {}
     one = None
     for g in gpus:
         replica = replica_at(g)
@@ -242,18 +252,18 @@ def data_parallel(profile: Profile) -> ScenarioResult:
     """N threads launching on one GPU (the GIL), and nn.DataParallel against DDP over 1-8 GPUs."""
     gil = need_gil(profile)
     figures = launch_figures(gil)
-    assumptions = DP_ASSUMPTIONS + (gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s),
-                                    calls_assumption(gil), CURVE_CHECK if gil.launch_curve else GIL_GAP,
-                                    f"GIL costs: {gil.source}")
+    assumptions: tuple[str, ...] = DP_ASSUMPTIONS + (
+        gil_assumption(gil), step_calls_assumption(gil, profile.host.sync_s), calls_assumption(gil),
+        CURVE_CHECK if gil.launch_curve else GIL_GAP, f"GIL costs: {gil.source}")
     if gil.replicate_module_s is None:  # a CPU calibration: the launch experiment alone
         assumptions += ("DataParallel against DDP not predicted: this profile's gil section has no "
                         "replicate_module_s, which `python -m hw calibrate --interfaces` measures on a GPU",)
     else:
         figures |= dp_figures("text", lambda g: _text_replica(profile, math.ceil(TEXT_BATCH / g)), profile)
-        figures |= dp_figures("mlp", lambda g: _model_replica(
+        figures |= dp_figures("mlp", lambda g: model_replica(
             mlp_model(MLP_BLOCKS, MLP_HIDDEN, math.ceil(MLP_TOKENS / g)), profile), profile)
     return ScenarioResult("data-parallel", figures, "launch_threads8_speedup_ratio",
-                          data_parallel.__doc__.splitlines()[0], assumptions)
+                          first_line(data_parallel.__doc__), assumptions)
 
 
 # --- Hogwild ------------------------------------------------------------------------------------------
@@ -278,7 +288,7 @@ def step_bytes(model: Model) -> float:
     gradients written, then read by SGD with the parameters, which it writes back) and the stash twice."""
     params = sum(layer.params * layer.dtype_bytes for layer in model.layers)
     stash = sum(layer.stash_bytes_per_token for layer in model.layers) * model.tokens
-    return 6.0 * params + 2.0 * stash
+    return float(6.0 * params + 2.0 * stash)
 
 
 def hogwild_model(cpu: CpuCosts) -> Model:
@@ -296,9 +306,9 @@ def hogwild_step_s(cpu: CpuCosts, processes: int, steps: int = 20) -> float:
     env = simpy.Environment()
     cores, memory = cpu_model.cores(env, cpu), cpu_model.memory(env, cpu)
     nbytes = step_bytes(hogwild_model(cpu))
-    ends = []
+    ends: list[float] = []
 
-    def process():
+    def process() -> Generator[simpy.Event, object, None]:
         for _ in range(steps):
             yield env.all_of([cores.serve(cpu.step_s), memory.serve(nbytes)])
         ends.append(env.now)
@@ -333,4 +343,4 @@ def hogwild(profile: Profile) -> ScenarioResult:
         f"CPU costs: {cpu.source}",
     )
     return ScenarioResult("hogwild", figures, f"hogwild_procs{max(HOGWILD_PROCESSES)}_speedup_ratio",
-                          hogwild.__doc__.splitlines()[0], assumptions)
+                          first_line(hogwild.__doc__), assumptions)

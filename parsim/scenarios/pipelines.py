@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from parsim.configuration import Configuration, predict
 from parsim.errors import ParsimError
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios.base import ScenarioResult
-from parsim.sim.predict import predict
 from parsim.workload import Model, conv_model, mlp_model
 
 
@@ -76,6 +76,7 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
     model = scenario.model(False)
     if runtime is not EAGER and any(p.copy_streams for p in scenario.points):
         raise ParsimError(f"the {scenario.name} scenario compares hw's copy streams; it runs with the hw runtime only")
-    times = {p.figure: predict(runtime.build(p.schedule, p.gpus, p.microbatches), model, profile, p.copy_streams,
-                               runtime=runtime)[0].step_time_s for p in scenario.points}
+    times = {p.figure: predict(Configuration(model, p.schedule, p.gpus, p.microbatches, runtime=runtime.name,
+                                             copy_streams=p.copy_streams), profile)[0].step_time_s
+             for p in scenario.points}
     return ScenarioResult(scenario.name, scenario.figures(times), scenario.headline, scenario.description)

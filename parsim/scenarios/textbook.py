@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from parsim.scenarios.base import ScenarioResult, need_host, need_kernel
-from parsim.sim.machine import Launch, Machine, Sync
+import simpy
+
 from parsim.profile import Profile
+from parsim.scenarios.base import ScenarioResult, first_line, need_host, need_kernel
+from parsim.sim.machine import HostThread, Launch, Machine, Sync, Task
 
 
 def _loop(n: int, launch_s: float, gpu_s: float, sync_s: float, sync_each: bool) -> float:
@@ -33,7 +35,7 @@ def async_front_end(profile: Profile, n: int = 10_000, elements: int = 1_000_000
     once = _loop(n, t1, t2, t3, sync_each=False)
     return ScenarioResult("async", {"sync_each_s": sync_each, "sync_once_s": once,
                                     "speedup_ratio": sync_each / once, "t1_s": t1, "t2_s": t2, "t3_s": t3},
-                          "speedup_ratio", async_front_end.__doc__.splitlines()[0])
+                          "speedup_ratio", first_line(async_front_end.__doc__))
 
 
 COPY_PLACEMENTS = ("serial", "overlapped", "default_stream")  # where each result's copy to the host goes
@@ -70,7 +72,8 @@ def _matmuls_then_copies(profile: Profile, n: int, size: int, pinned: bool, plac
     return m.run()
 
 
-def _copy(m: Machine, host, after, i: int, copy_s: float, launch_s: float, engine, pinned: bool, stream: str):
+def _copy(m: Machine, host: HostThread, after: Task, i: int, copy_s: float, launch_s: float,
+          engine: tuple[simpy.Resource, ...], pinned: bool, stream: str) -> Task:
     op = m.op(stream, f"copy{i}", copy_s, category="comm", resources=engine)
     op.deps.append(after)
     host.steps.append(Launch(op, launch_s, launch_s))
@@ -84,13 +87,13 @@ def copy_compute_overlap(profile: Profile, n: int = 50, size: int = 4000) -> Sce
 
     Overlapped copies go on a copy stream as each product is done; on the compute stream (the
     default) each copy right after its product holds the next product back."""
-    figures = {}
+    figures: dict[str, float] = {}
     for pinned in (True, False):
         memory = "pinned" if pinned else "pageable"
         times = {p: _matmuls_then_copies(profile, n, size, pinned, p) for p in COPY_PLACEMENTS}
         figures |= copy_figures(memory, times)
     return ScenarioResult("overlap", figures, "pinned_speedup_ratio",
-                          copy_compute_overlap.__doc__.splitlines()[0])
+                          first_line(copy_compute_overlap.__doc__))
 
 
 def copy_figures(memory: str, times: dict[str, float]) -> dict[str, float]:
@@ -120,4 +123,4 @@ def multi_gpu_matmuls(profile: Profile, n: int = 50, size: int = 4000, gpus: int
 
     one, many = run(1), run(gpus)
     return ScenarioResult("multi-gpu", {"one_gpu_s": one, "all_gpus_s": many, "all_over_one_ratio": many / one},
-                          "all_over_one_ratio", multi_gpu_matmuls.__doc__.splitlines()[0])
+                          "all_over_one_ratio", first_line(multi_gpu_matmuls.__doc__))

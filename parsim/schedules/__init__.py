@@ -11,13 +11,42 @@ import argparse
 from collections.abc import Callable
 
 from parsim.errors import ScheduleError
-from parsim.schedules.actions import (ALL_OPS, COMM_OPS, COMPUTE_OPS, NEIGHBOUR, PAIRED_RECV, Action,  # noqa: F401
-                                      CommPlan, Op, Schedule, act, paired_recv, place_messages, with_messages)
 from parsim.schedules import from_torch
+from parsim.schedules.actions import (
+    ALL_OPS,
+    COMM_OPS,
+    COMPUTE_OPS,
+    NEIGHBOUR,
+    PAIRED_RECV,
+    Action,
+    CommPlan,
+    Op,
+    Schedule,
+    act,
+    paired_recv,
+    place_messages,
+    with_messages,
+)
 from parsim.schedules.from_torch import TORCH_PREFIX
-from parsim.schedules.generators import (dualpipev, dualpipev_orders, gpipe, interleaved_1f1b,  # noqa: F401
-                                         interleaved_orders, interleaved_zb, looped_bfs, one_f_one_b, v_stage_to_rank,
-                                         zb_h1, zbv)
+from parsim.schedules.generators import (
+    dualpipev,
+    dualpipev_orders,
+    gpipe,
+    interleaved_1f1b,
+    interleaved_orders,
+    interleaved_zb,
+    looped_bfs,
+    one_f_one_b,
+    v_stage_to_rank,
+    zb_h1,
+    zbv,
+)
+
+__all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SCHEDULES", "SPLITS_BACKWARD",
+           "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
+           "dualpipev", "dualpipev_orders", "from_torch", "gpipe", "interleaved_1f1b", "interleaved_orders",
+           "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
+           "schedule_name", "v_stage_to_rank", "with_messages", "zb_h1", "zbv"]
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,

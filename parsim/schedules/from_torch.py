@@ -110,4 +110,5 @@ def from_torch(class_name: str, num_ranks: int, num_microbatches: int,
     except (ValueError, AssertionError, RuntimeError) as e:
         raise ScheduleError(f"torch's {class_name} with {num_ranks} ranks and {num_microbatches} "
                             f"micro-batches: {e}") from None
-    return from_rows(TORCH_PREFIX + class_name, [[str(a) for a in row if a is not None] for row in ops], num_microbatches)
+    rows = [[str(a) for a in row if a is not None] for row in ops]
+    return from_rows(TORCH_PREFIX + class_name, rows, num_microbatches)

@@ -7,8 +7,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from parsim.errors import ScheduleError
-from parsim.schedules.actions import (Action, Op, Schedule, act, backward_with_messages, forward_with_messages,
-                                      place_messages, with_messages)
+from parsim.schedules.actions import (
+    Action,
+    Op,
+    Schedule,
+    act,
+    backward_with_messages,
+    forward_with_messages,
+    place_messages,
+    with_messages,
+)
 
 
 def _check_sizes(num_ranks: int, num_microbatches: int, virtual_stages: int = 1) -> None:
@@ -155,21 +163,23 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
         warmup = min(p - r - 1, m)
         acts = [a for i in range(warmup) for a in forward_with_messages(r, i, owner)]
         waiting: list[int] = []  # micro-batches whose weight-grad is still to run
-
-        def input_grad(i: int, allowed_waiting: int) -> list[Action]:
-            out = backward_with_messages(r, i, owner, Op.BACKWARD_INPUT)
-            waiting.append(i)
-            while len(waiting) > allowed_waiting:
-                out.append(Action(Op.BACKWARD_WEIGHT, r, waiting.pop(0)))
-            return out
-
         for i in range(m - warmup):
-            acts += forward_with_messages(r, warmup + i, owner) + input_grad(i, r)
+            acts += forward_with_messages(r, warmup + i, owner) + _input_grad(r, i, owner, waiting, r)
         for i in range(m - warmup, m):
-            acts += input_grad(i, len(waiting))  # cool-down: one W after each I fills its wait
+            acts += _input_grad(r, i, owner, waiting, len(waiting))  # cool-down: one W after each I fills its wait
         acts += [Action(Op.BACKWARD_WEIGHT, r, i) for i in waiting]
         ranks.append(tuple(acts))
     return Schedule("zb-h1", p, m, owner, tuple(ranks))
+
+
+def _input_grad(r: int, i: int, owner: tuple[int, ...], waiting: list[int], allowed_waiting: int) -> list[Action]:
+    """ZB-H1's input-grad of micro-batch i on rank r, then weight-grads of the oldest `waiting` ones until at most
+    `allowed_waiting` wait (`waiting` updated)."""
+    out = backward_with_messages(r, i, owner, Op.BACKWARD_INPUT)
+    waiting.append(i)
+    while len(waiting) > allowed_waiting:
+        out.append(Action(Op.BACKWARD_WEIGHT, r, waiting.pop(0)))
+    return out
 
 
 def v_stage_to_rank(num_ranks: int) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ backward of its stage; and a host launches everything one launch at a time. No s
 from __future__ import annotations
 
 from parsim.profile import Profile
-from parsim.sim.dataparallel import allreduce_spec
+from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import grad_add_saving_s, link_for
 from parsim.workload import StageCost, gradient_adds
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict, deque
 from operator import itemgetter
 
-from parsim.sim.dataflow import issue_waits, transfers
 from parsim.errors import ScheduleError
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, NEIGHBOUR, Action, Op, Schedule, act
+from parsim.sim.dataflow import issue_waits, transfers
 
 
 def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: bool = True,

@@ -8,6 +8,7 @@ whenever another job starts or ends. Hogwild training is N such processes, each 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import simpy
 
@@ -49,9 +50,9 @@ class SharedRate:
         if self.jobs:
             first = min(left for left, _ in self.jobs.values())
             timer = self.env.timeout(max(first, 0.0) / self.rate(len(self.jobs)))
-            timer.callbacks.append(lambda _, k=self._timer: self._on_timer(k))
+            timer.callbacks.append(partial(self._on_timer, self._timer))
 
-    def _on_timer(self, k: int) -> None:
+    def _on_timer(self, k: int, _: object = None) -> None:
         if k != self._timer:  # a job started or ended since: a newer timer stands
             return
         self._advance()

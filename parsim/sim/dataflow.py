@@ -13,7 +13,6 @@ from typing import NamedTuple
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule, act
 
 
-
 class Transfer(NamedTuple):
     """A matched send and receive: one message over the link from `src` to `dst`."""
 

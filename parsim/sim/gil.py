@@ -14,16 +14,15 @@ launches go first is not, and DataParallel's forward threads each feed their own
 syncs, joins or ends) hands the GIL to the one it woke.
 Where the calibration measured the launch curve (1-8 threads launching together, `GilCosts.launch_curve`), the
 curve is the calibration: while k threads launch, a GIL-held step lasts its own time stretched so that k threads'
-launches keep the measured pace (`contention`, `Gil.stretched`), and wake-ups cost nothing apart (the curve holds them). On the lent
-machines a thread that takes the GIL from another runs its Python several times slower at 3-8 threads, which no
-probe at one or two threads predicts (docs/lab/data-parallel-interfaces.md).
+launches keep the measured pace (`contention`, `Gil.stretched`), and wake-ups cost nothing apart (the curve holds
+them): at 3-8 threads no probe of one or two threads predicted the pace (docs/lab/data-parallel-interfaces.md).
 Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -31,7 +30,7 @@ import numpy as np
 import simpy
 
 from parsim.profile import GilCosts
-from parsim.sim.machine import HostThread, Launch, Machine, Op
+from parsim.sim.machine import HostThread, Launch, Machine, Sync, Task
 
 WakeCost = Callable[[float], float]  # how long a core has been idle (s) -> what waking a thread on it costs (s)
 
@@ -39,7 +38,7 @@ WakeCost = Callable[[float], float]  # how long a core has been idle (s) -> what
 class GilLaunch(NamedTuple):
     """Host step under the GIL: hold it for held_s, then released_s without it; `op` (if any) is issued at the end."""
 
-    op: Op | None
+    op: Task | None
     held_s: float
     released_s: float
 
@@ -218,7 +217,7 @@ class Gil:
             self.holder = first.thread
             self.handoffs += 1
             timer = self.env.timeout(cost)
-            timer.callbacks.append(lambda _: first.event.succeed())
+            timer.callbacks.append(lambda _: _succeed(first.event))
         return cost
 
     def _hands_off(self) -> bool:
@@ -231,7 +230,11 @@ class Gil:
         return True
 
 
-def issue(op: Op, available_at: float, last_issue_at: float, wake: Callable[[Op], None]) -> None:
+def _succeed(event: simpy.Event) -> None:
+    event.succeed()
+
+
+def issue(op: Task, available_at: float, last_issue_at: float, wake: Callable[[Task], None]) -> None:
     """The host's part of launching `op` is done: the device may start it from `available_at`.
 
     HostThread.run does the same inline (its hot loop); this is the slow path's copy of it.
@@ -252,17 +255,19 @@ class GilThread(HostThread):
     """A Python thread of a process with a GIL: GilLaunch steps take it, Launch steps (C++ threads such as
     autograd's device threads) and syncs do not, as torch's synchronize and Thread.join release it."""
 
+    # a GIL thread's steps may take the GIL too: a wider list than a plain host's
+    steps: list[Launch | Sync | GilLaunch] = field(default_factory=list)  # type: ignore[assignment]
     gil: Gil | None = None
-    launch_spans: list[tuple[Op | None, float, float]] = field(default_factory=list)
+    launch_spans: list[tuple[Task | None, float, float]] = field(default_factory=list)
 
-    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
+    def run(self, env: simpy.Environment, wake: Callable[[Task], None]) -> Generator[simpy.Event, object, None]:
         gil = self.gil
+        assert gil is not None, "a GIL thread is made by gil_thread, with its process's GIL"
         self.started_at = env.now
         gil.running(self)
         steps = self.steps
         for i, step in enumerate(steps):
-            kind = type(step)
-            if kind is GilLaunch:
+            if isinstance(step, GilLaunch):
                 op, held_s, released_s = step
                 start = env.now
                 gil.launching.add(id(self))
@@ -274,36 +279,36 @@ class GilThread(HostThread):
                 if held_s > 0:
                     gil.held_s += held_s
                     yield env.timeout(held_s)
-                coming_back = i + 1 < len(steps) and type(steps[i + 1]) is GilLaunch
+                coming_back = i + 1 < len(steps) and isinstance(steps[i + 1], GilLaunch)
                 free_s = gil.release(self, coming_back) + released_s
                 if free_s > 0:
                     yield env.timeout(free_s)
                 self.launch_spans.append((op, start, env.now))
                 if op is not None:
                     issue(op, env.now, env.now, wake)
-            elif kind is Launch:
-                op, host_s, first_s = step
-                issue(op, env.now + first_s, env.now + host_s, wake)
+            elif isinstance(step, Launch):
+                launched, host_s, first_s = step
+                issue(launched, env.now + first_s, env.now + host_s, wake)
                 if host_s > 0:
-                    self.launch_spans.append((op, env.now, env.now + host_s))
+                    self.launch_spans.append((launched, env.now, env.now + host_s))
                     yield env.timeout(host_s)
             else:
                 gil.launching.discard(id(self))
-                for op in step.ops:
-                    if op._done is not True:
-                        self.blocked_on = op
+                for synced in step.ops:
+                    if synced._done is not True:
+                        self.blocked_on = synced
                         gil.stopped(self)
-                        yield op.wait_done()
+                        yield synced.wait_done()
                         gil.running(self)
-                    if op.end_s > env.now:  # an op settled ahead of the clock
-                        yield env.timeout(op.end_s - env.now)
+                    if synced.end_s > env.now:  # an op settled ahead of the clock
+                        yield env.timeout(synced.end_s - env.now)
                 self.blocked_on = None
                 self.synced_at.append(env.now)
         gil.launching.discard(id(self))
         gil.stopped(self)
         self.finished_at = env.now
 
-    def spans(self) -> list[tuple[Op, float, float]]:
+    def spans(self) -> list[tuple[Task, float, float]]:
         """(op, start, end) of each launch, as run saw them (waits for the GIL included)."""
         return [(op, a, b) for op, a, b in self.launch_spans if op is not None]
 

@@ -15,17 +15,24 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import length_hint
+from typing import Any
 
 from parsim.profile import Profile
 from parsim.progress import watch as watch_progress
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, stage_waits
-from parsim.sim.dataparallel import allreduce_spec
-from parsim.sim.lower import (GRADIENT_OPS, _compute_launches, _message_bytes, last_gradient_actions, link_for,
-                              runtime_waits)
+from parsim.sim.grad_allreduce import allreduce_spec
+from parsim.sim.lower import (
+    GRADIENT_OPS,
+    compute_launches,
+    last_gradient_actions,
+    link_for,
+    message_bytes,
+    runtime_waits,
+)
 from parsim.workload import StageCost, gradient_adds
 
-Row = list  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
+Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class _Channel:
     def __init__(self, tag: int) -> None:
         self.free = 0.0  # when its last settled message ends
         self.sent = self.received = 0  # messages issued so far by its sender, by its receiver
-        self.queue: list[list] = []  # issued by both hosts, waiting for a dependency or the message before
+        self.queue: list[list[Any]] = []  # issued by both hosts, waiting for a dependency or the message before
         self.tag = tag  # its waiter tag (negative; walkers' tags are their index)
 
 
@@ -65,13 +72,17 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     channels_of = [(src, dst) for src, dst in pairs] + [(dst, src) for src, dst in pairs]
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
-    launches = _compute_launches(costs, profile)
+    launches = compute_launches(costs, profile)
     add_s = gradient_adds(profile, costs)
     rules = stage_waits(schedule)
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     last_grad = last_gradient_actions(schedule) if buckets else {}
     work: list[int] = []
-    walkers, channels, tables, hosts, programs = [], [], [], [], []
+    walkers: list[Iterator[None]] = []
+    channels: list[_Channel] = []
+    tables: list[dict[str, list[Row]]] = []
+    hosts: list[_Host] = []
+    programs: list[Iterator[Action]] = []
     for replica in range(data_parallel):
         off = replica * pp
         end = {op: [[None] * schedule.num_microbatches for _ in range(schedule.num_stages)]
@@ -155,13 +166,13 @@ class _Host:
 def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
                    last_grad: dict[int, Action], buckets: dict[int, int],
-                   add_s: list[float] | None = None) -> dict[str, list[tuple]]:
+                   add_s: list[float] | None = None) -> dict[str, list[tuple[Any, ...]]]:
     """op -> per stage: (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, its row, the GRAD row it also
     fills or None, the rows it waits for, the micro-batch whose action is split into gradient-bucket chunks or -1,
     the chunk count, and where the op makes gradients the gradient add's seconds (0 where the runtime adds none),
     else None: as lowering has it, every such action of the stage after its first adds its gradients on the GPU,
     and the first pays the fresh host costs)."""
-    table = {}
+    table: dict[str, list[tuple[Any, ...]]] = {}
     for op in COMPUTE_OPS:
         table[op] = []
         for s in range(schedule.num_stages):
@@ -176,14 +187,14 @@ def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...
 
 def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
-                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple | None]]:
+                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple[Any, ...] | None]]:
     """send or receive op -> per stage: (the send's row of first issues, the send's row, the receive's row, the
     channel, the message's seconds, the rows this end waits for, whether it is the send); None where a stage
     has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
-    table: dict[str, list[tuple | None]] = {op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B,
-                                                                             Op.RECV_B)}
+    table: dict[str, list[tuple[Any, ...] | None]] = {
+        op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)}
     for send, (recv, step) in PAIRED_RECV.items():
         for s in range(last + 1):
             r = s + step
@@ -191,16 +202,17 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                 continue
             src, dst = owner[s], owner[r]
             _, spec, _ = link_for(profile, src + off, dst + off)
-            seconds = spec.time_s(_message_bytes(Action(send, s, 0), costs))
+            seconds = spec.time_s(message_bytes(Action(send, s, 0), costs))
             common = (first[send][s], end[send][s], end[recv][r], chans[src, dst], seconds)
             table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), True)
             table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), False)
     return table
 
 
-def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dict[str, list[tuple | None]],
-          end: dict[str, list[Row]], more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool,
-          me: int, work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
+def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
+          messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
+          more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
+          work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
@@ -267,7 +279,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple]], messages: dic
                 if waiters is not None:
                     work.extend(waiters)
             continue
-        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]
+        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]  # type: ignore[misc]  # a stage that posts it has it
         avail = t + p2p_s
         t += p2p_s
         ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
@@ -354,7 +366,8 @@ def _chunks(t: float, busy: float, ready: float, gpu_s: float, tail_s: float, ho
 
 
 def _drain(channel: _Channel, work: list[int]) -> None:
-    """Settle a channel's queued messages in order, stopping at one that waits for an op not settled (its tag left there)."""
+    """Settle a channel's queued messages in order, stopping at one that waits for an op not settled (its tag left
+    there)."""
     queue = channel.queue
     while queue:
         avail, ready, waits, seconds, send_row, recv_row, i = queue[0]
@@ -389,7 +402,7 @@ def _drain(channel: _Channel, work: list[int]) -> None:
 def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, hosts: list[_Host],
                 data_parallel: int) -> None:
     """Each stage's bucketed all-reduce, launched by every replica's host after its program (as
-    parsim.sim.dataparallel adds it): one stream per group of GPUs, each bucket after its chunk on every replica."""
+    parsim.sim.grad_allreduce adds it): one stream per group of GPUs, each bucket after its chunk on every replica."""
     if data_parallel < 2:
         return
     pp, p2p_s = schedule.num_ranks, profile.host.p2p_s

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 
-from parsim.sim.dataflow import iter_wait_keys, transfers
-from parsim.sim.machine import Launch, Machine, Op, Sync
 from parsim.profile import LinkSpec, Profile
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Op as ActionOp, Schedule
-from parsim.workload import StageCost, gradient_adds, Work
-
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
+from parsim.schedules import Op as ActionOp
+from parsim.sim.dataflow import iter_wait_keys, transfers
+from parsim.sim.machine import Launch, Machine, Sync, Task
+from parsim.workload import StageCost, Work, gradient_adds
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 
@@ -41,7 +41,7 @@ def _work_of(action: Action, cost: StageCost) -> Work:
     }[action.op]
 
 
-def _message_bytes(action: Action, costs: list[StageCost]) -> int:
+def message_bytes(action: Action, costs: list[StageCost]) -> int:
     """A forward message is stage s's output; a backward one, the gradient of stage s's input."""
     return costs[action.stage].send_bytes if action.op == ActionOp.SEND_F else costs[action.stage - 1].send_bytes
 
@@ -58,7 +58,7 @@ class Chunk:
         return f"{self.action}[{self.k + 1}/{self.n}]"
 
 
-OpTable = dict[str, list[list[Op | None]]]  # table[op][stage][microbatch]: an action's op
+OpTable = dict[str, list[list[Task | None]]]  # table[op][stage][microbatch]: an action's op
 
 
 def op_table(schedule: Schedule) -> OpTable:
@@ -74,7 +74,7 @@ def op_table(schedule: Schedule) -> OpTable:
 @dataclass
 class Lowered:
     ops: OpTable  # each action's op (for a split action, its last chunk)
-    grad_chunks: dict[int, list[Op]]  # stage -> chunks of its last gradient-producing action
+    grad_chunks: dict[int, list[Task]]  # stage -> chunks of its last gradient-producing action
 
 
 def first_gradient_actions(schedule: Schedule) -> frozenset[Action]:
@@ -109,7 +109,7 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     into n equal chunks, one per gradient bucket, as DDP's hooks see them. `slower` (action -> seconds) lengthens
     compute actions (parsim.sim.sharing). No host syncs yet: `finish_step` adds them once every op is in place.
     """
-    launches = _compute_launches(costs, profile)
+    launches = compute_launches(costs, profile)
     ops = op_table(schedule)
     add_s = gradient_adds(profile, costs)
     firsts = first_gradient_actions(schedule)
@@ -122,11 +122,11 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
 def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                  gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable, firsts: frozenset[Action],
                  add_s: list[float] | None = None, slower: Mapping[Action, float] | None = None,
-                 ) -> dict[Action, list[Op]]:
+                 ) -> dict[Action, list[Task]]:
     """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
     return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
     each gradient action but its stage's first (`firsts`) also adds its gradients into the step's."""
-    parts_of: dict[Action, list[Op]] = {}
+    parts_of: dict[Action, list[Task]] = {}
     split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     env = machine.env
     for rank, acts in enumerate(schedule.actions):
@@ -142,11 +142,11 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
             if slower:
                 gpu_s += slower.get(a, 0.0)
             if not split or a not in split:
-                op = ops[kind][stage][mb] = Op(env, a, track, gpu_s, tail_s=tail_s)
+                op = ops[kind][stage][mb] = Task(env, a, track, gpu_s, tail_s=tail_s)
                 stream.append(op)
                 continue
             n = split[a]
-            parts = [Op(env, Chunk(a, k, n) if n > 1 else a, track, gpu_s / n, tail_s=tail_s / n) for k in range(n)]
+            parts = [Task(env, Chunk(a, k, n) if n > 1 else a, track, gpu_s / n, tail_s=tail_s / n) for k in range(n)]
             stream += parts
             parts_of[a] = parts
             ops[kind][stage][mb] = parts[-1]  # consumers wait for the whole action
@@ -164,38 +164,41 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
         resources = (machine.resource(name),) if shared else ()
         track = f"link {src}->{dst}"
         stream = machine.stream(track).ops
-        seconds_of: dict[tuple[str, int], float] = {}  # (op, stage) -> seconds: every micro-batch's message is the same size
+        # (op, stage) -> seconds: every micro-batch's message is the same size
+        seconds_of: dict[tuple[str, int], float] = {}
         for t in msgs:
             send, recv = t[0], t[1]  # t.send, t.recv, read by index: this loop runs once per message
             key = send[0], send[1]
             seconds = seconds_of.get(key)
             if seconds is None:
-                seconds = seconds_of[key] = spec.time_s(_message_bytes(send, costs))
-            op = Op(env, t, track, seconds, category="comm", issuers=2, resources=resources)
+                seconds = seconds_of[key] = spec.time_s(message_bytes(send, costs))
+            op = Task(env, t, track, seconds, category="comm", issuers=2, resources=resources)
             stream.append(op)
             ops[send[0]][send[1]][send[2]] = ops[recv[0]][recv[1]][recv[2]] = op
 
 
 def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    p2p_s: float, copy_streams: bool, gpu_offset: int, ops: OpTable,
-                   parts_of: dict[Action, list[Op]], firsts: frozenset[Action]) -> None:
+                   parts_of: dict[Action, list[Task]], firsts: frozenset[Action]) -> None:
     """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs), and each
     op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
+    # every action of a validated schedule has its op: no None is read here
+    ops_of: dict[str, list[list[Task]]] = ops  # type: ignore[assignment]
     for rank, acts in enumerate(schedule.actions):
         append = machine.host(f"host{gpu_offset + rank}").steps.append
         for a, deps in islice(waits, len(acts)):  # this rank's actions; the body runs once per action
             if more is not None and a in more:
-                deps = deps + more[a]
+                deps = [*deps, *more[a]]
             kind, stage, mb = a
-            op = ops[kind][stage][mb]
+            op = ops_of[kind][stage][mb]
             parts = parts_of.get(a) if parts_of else None
             waiter = parts[0] if parts else op
             waiter_deps = waiter.deps
             for d_kind, d_stage, d_mb in deps:  # a message op gathers its send's and its receive's
-                dep = ops[d_kind][d_stage][d_mb]
+                dep = ops_of[d_kind][d_stage][d_mb]
                 if dep is not waiter and dep not in waiter_deps:
                     waiter_deps.append(dep)
             if kind not in COMPUTE_OPS:
@@ -235,7 +238,7 @@ def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> 
             host.steps.insert(0, Launch(machine.op(f"{host.name} bookkeeping", "begin", 0.0), begin_s, begin_s))
         if step_s > 0:
             host.steps.append(Launch(machine.op(f"{host.name} bookkeeping", "step", 0.0), step_s, step_s))
-        last: dict[str, Op] = {}
+        last: dict[str, Task] = {}
         for step in host.steps:  # a plain loop, by index: this sees every launch (260k)
             if type(step) is Launch:
                 op = step[0]
@@ -249,7 +252,7 @@ def grad_add_saving_s(profile: Profile, layers: int, host_s: float) -> float:
     return min(profile.host.grad_add_s * layers, host_s)
 
 
-def _compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, list[tuple[float, ...]]]:
+def compute_launches(costs: list[StageCost], profile: Profile) -> dict[str, list[tuple[float, ...]]]:
     """op -> per stage (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s): the host launches a stage's
     layers one by one; a stage's first gradient action of a step pays the fresh pair instead (.grad is None then:
     autograd takes the gradients as they are, where each later action adds them in, host.grad_add_s per layer)."""

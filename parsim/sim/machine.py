@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simpy
 
 from parsim.errors import ScheduleError
 from parsim.progress import watch as watch_progress
 
-
 _NAN = float("nan")
 
 
-class Op:
+class Task:
     """One piece of device work (kernel, copy, message) on one stream.
 
     It may start once every host that must issue it has done so (`issuers`), its stream is
@@ -52,7 +51,7 @@ class Op:
         self.category = category
         self.gpu_s = gpu_s
         self.tail_s = tail_s
-        self.deps: list[Op] = []
+        self.deps: list[Task] = []
         self.resources = resources
         self.issuers = issuers
         self.available_at = self.last_issue_at = 0.0
@@ -81,13 +80,13 @@ class Op:
         """An event that fires when the op ends; only for an op that is not done."""
         if self._done is False:
             self._done = self.env.event()
-        return self._done
+        return self._done  # type: ignore[return-value]  # an Event: asked only of an op not done
 
 
 class Launch(NamedTuple):
     """Host step: spend host_s launching `op`; the device may start it after first_s."""
 
-    op: Op
+    op: Task
     host_s: float
     first_s: float
 
@@ -95,7 +94,7 @@ class Launch(NamedTuple):
 class Sync(NamedTuple):
     """Host step: block until every op in `ops` is done (cudaStreamSynchronize, .item(), ...)."""
 
-    ops: tuple[Op, ...]
+    ops: tuple[Task, ...]
 
 
 @dataclass
@@ -107,9 +106,9 @@ class HostThread:
     started_at: float = 0.0
     synced_at: list[float] = field(default_factory=list)  # when each Sync returned, in order
     finished_at: float | None = None
-    blocked_on: Op | None = None
+    blocked_on: Task | None = None
 
-    def run(self, env: simpy.Environment, wake: Callable[[Op], None]) -> Iterator[simpy.Event]:
+    def run(self, env: simpy.Environment, wake: Callable[[Task], None]) -> Generator[simpy.Event, object, None]:
         # The thread never blocks between two syncs, so each run of launches is issued in one go,
         # at the times it would reach each op: one simulation event per run instead of per op.
         # Only the sync times are kept: `spans` replays the launch times from them when asked.
@@ -129,7 +128,7 @@ class HostThread:
                 if host_s > 0:
                     t += host_s
                 continue
-            for op in step.ops:  # a sync returns once every op has ended (settled ops may end ahead of the clock)
+            for op in step.ops:  # type: ignore[union-attr]  # a Sync: launches went on above. A sync returns once every op has ended (settled ops may end ahead of the clock)
                 if op._done is not True:
                     self.blocked_on = op
                     yield op.wait_done()
@@ -139,7 +138,7 @@ class HostThread:
             self.synced_at.append(t)
         self.finished_at = t
 
-    def spans(self) -> list[tuple[Op, float, float]]:
+    def spans(self) -> list[tuple[Task, float, float]]:
         """(op, start, end) of each launch that kept the host busy, for timelines.
 
         Replayed from the steps and the sync times with run's arithmetic, so the times are run's
@@ -160,9 +159,10 @@ class HostThread:
                 if step.host_s > 0:
                     t += step.host_s
                 continue
-            t = next(synced, None)
-            if t is None:  # the run stopped in this sync (a deadlock)
+            returned = next(synced, None)
+            if returned is None:  # the run stopped in this sync (a deadlock)
                 break
+            t = returned
 
 
 class Stream:
@@ -177,12 +177,12 @@ class Stream:
 
     def __init__(self, name: str):
         self.name = name
-        self.ops: list[Op] = []
+        self.ops: list[Task] = []
         self.next = 0  # the first op not settled
         self.free_at = 0.0  # when the last settled op ends
 
     @property
-    def head(self) -> Op | None:
+    def head(self) -> Task | None:
         """The first op not yet done (where a stuck stream is stuck)."""
         return next((op for op in self.ops if op._done is not True), None)
 
@@ -273,9 +273,9 @@ class Machine:
             self.resources[name] = simpy.Resource(self.env, capacity=1)
         return self.resources[name]
 
-    def op(self, stream: str, label: object, gpu_s: float, **kwargs) -> Op:
+    def op(self, stream: str, label: object, gpu_s: float, **kwargs: Any) -> Task:
         """A new op at the end of `stream`; str(label) names it."""
-        op = Op(self.env, label, stream, gpu_s, **kwargs)
+        op = Task(self.env, label, stream, gpu_s, **kwargs)
         self.stream(stream).ops.append(op)
         return op
 
@@ -284,19 +284,19 @@ class Machine:
         self.hosts.append(thread)
         return thread
 
-    def settle(self, op: Op, start_s: float, end_s: float) -> None:
+    def settle(self, op: Task, start_s: float, end_s: float) -> None:
         """The op runs from start_s to end_s: wake the host syncing on it and the streams waiting."""
         op.start_s, op.end_s = start_s, end_s
         event, op._done = op._done, True
         if event is not False:
-            event.succeed()
+            event.succeed()  # type: ignore[union-attr]  # not True: settled once
         if op.waiters:
             self.wake(op)
 
-    def wake(self, op: Op) -> None:
+    def wake(self, op: Task) -> None:
         """Let the streams stopped at `op` go on."""
         waiters, op.waiters = op.waiters, None  # cleared first: a stream may stop at `op` again
-        self._go_on(waiters)
+        self._go_on(waiters or [])
 
     def _go_on(self, streams: list[Stream]) -> None:
         """Advance streams one after the other, never one inside another's advance."""
@@ -308,7 +308,7 @@ class Machine:
             self._woken.pop().advance(self)
         self._pumping = False
 
-    def hold(self, op: Op, ready_s: float) -> Iterator[simpy.Event]:
+    def hold(self, op: Task, ready_s: float) -> Generator[simpy.Event, object, None]:
         """An op on shared resources: at ready_s it queues for them, holds them while it runs."""
         env = self.env
         if ready_s > env.now:
@@ -338,7 +338,7 @@ class Machine:
         if any(h.finished_at is None for h in self.hosts) or any(
                 s.ops and not s.ops[-1].is_done for s in self.streams.values()):
             raise ScheduleError("deadlock: " + self._stuck_report())
-        return max((h.finished_at for h in self.hosts), default=0.0)
+        return max((h.finished_at for h in self.hosts if h.finished_at is not None), default=0.0)
 
     def _mark_contended(self) -> None:
         """Mark the ops that must take their resources in clock order: those on a resource that

@@ -9,15 +9,15 @@ from functools import cached_property
 
 from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ProfileError
-from parsim.sim.machine import HostThread, Machine, Op, gc_paused
-from parsim.sim.dataparallel import add_gradient_allreduce, gradient_buckets
-from parsim.sim.longest_path import settle_step
-from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
-from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
+from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
+from parsim.sim.longest_path import settle_step
+from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.machine import HostThread, Machine, Task, gc_paused
+from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, stage_costs
 
 
@@ -74,7 +74,7 @@ class Simulation:
         return self.run_machine()
 
     @property
-    def ops(self) -> list[Op]:
+    def ops(self) -> list[Task]:
         return [op for s in self.machine.streams.values() for op in s.ops]
 
     @property
@@ -82,7 +82,7 @@ class Simulation:
         return self.machine.hosts
 
     @property
-    def host_spans(self) -> dict[str, list[tuple[Op, float, float]]]:
+    def host_spans(self) -> dict[str, list[tuple[Task, float, float]]]:
         """Host name -> (op, start, end) of each launch: built when a timeline asks for it."""
         return {h.name: h.spans() for h in self.hosts}
 
@@ -106,18 +106,18 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         gpus = schedule.num_ranks * data_parallel
 
         def lowered(slower: Slower | None = None) -> tuple[Machine, OpTable]:
-            return _lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower)
+            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower)
 
         def run_machine() -> Machine:
             return lowered()[0]
 
-        resident = profile.resident_comm
-        early = early_receives(schedule) if resident is not None and resident.rate < 1 else None
+        rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
+        early = early_receives(schedule) if rate < 1 else None
         if early:
             if engine == "longest-path":
                 raise ValueError("the longest-path pass does not apply to this step (receives waiting beside compute)")
             check_channel_order(schedule)
-            machine, slower = settle_sharing(lowered, schedule, early, resident.rate, copy_streams)
+            machine, slower = settle_sharing(lowered, schedule, early, rate, copy_streams)
             return _simulation(machine, gpus, lambda: lowered(slower)[0])
         settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
             if engine != "events" else None
@@ -136,12 +136,13 @@ def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine])
         if stream.name in busy:
             for op in stream.ops:
                 busy[stream.name] += op.end_s - op.start_s
-    sim = Simulation(max((h.finished_at for h in machine.hosts), default=0.0), tuple(busy.values()), run_machine)
+    ends = [h.finished_at for h in machine.hosts if h.finished_at is not None]  # all of them: it ran to the end
+    sim = Simulation(max(ends, default=0.0), tuple(busy.values()), run_machine)
     sim.__dict__["machine"] = machine  # already run: cached_property's slot
     return sim
 
 
-def _lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
+def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
                      data_parallel: int, buckets: dict[int, int] | None, slower: Slower | None = None,
                      ) -> tuple[Machine, OpTable]:
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
@@ -151,6 +152,7 @@ def _lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profil
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower)
                     for r in range(data_parallel)]
         if data_parallel > 1:
+            assert buckets is not None, "several replicas all-reduce their gradients by bucket"
             add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
         finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
@@ -175,32 +177,36 @@ def check_sizes(model: Model, schedule: str, num_ranks: int, microbatches: int, 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
             data_parallel: int = 1, runtime: Runtime | None = None) -> tuple[Prediction, Simulation]:
-    """Predict the step of `model` under `schedule` (on each of `data_parallel` replicas), run by `runtime`
-    (default hw's eager runner), with the simulation behind the numbers."""
-    with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
-        return _predict(schedule, model, profile, copy_streams, data_parallel, runtime)
-
-
-def _predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool, data_parallel: int,
-             runtime: Runtime | None) -> tuple[Prediction, Simulation]:
+    """Predict the step of `model` under a built `schedule` (on each of `data_parallel` replicas), run by `runtime`
+    (default hw's eager runner), with the simulation behind the numbers. parsim.configuration.predict builds the
+    schedule and splits the model too."""
     run_profile = runtime.costs(profile) if runtime is not None else profile
-    costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
-    sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
-    single_s = single_gpu_step_s(model, profile)
-    for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
-        if not (math.isfinite(value) and value > 0):  # a profile loaded from a file is range-checked: not from there
-            raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
-                               "one of its costs or rates is out of range")
-    gpus = schedule.num_ranks * data_parallel
-    busy = sim.busy_s
-    held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
-    per_gpu = []
-    for g in range(gpus):
-        rank = g % schedule.num_ranks
-        stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
-        per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
-    prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
-                            sim.step_time_s, single_s, model.tokens,
-                            tuple(per_gpu), run_profile.describe(), data_parallel, model.sample,
+    return predict_schedule(schedule, model, profile, run_profile, copy_streams, data_parallel,
                             runtime.name if runtime is not None else "hw")
-    return prediction, sim
+
+
+def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
+                     data_parallel: int, runtime: str) -> tuple[Prediction, Simulation]:
+    """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
+    one-GPU baseline, which hw's eager runner runs."""
+    with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
+        costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
+        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
+        single_s = single_gpu_step_s(model, profile)
+        for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
+            # a profile loaded from a file is range-checked: not from there
+            if not (math.isfinite(value) and value > 0):
+                raise ProfileError(f"the profile ({run_profile.describe()}) gives {model.name} a {name} of {value} s; "
+                                   "one of its costs or rates is out of range")
+        gpus = schedule.num_ranks * data_parallel
+        busy = sim.busy_s
+        held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
+        per_gpu = []
+        for g in range(gpus):
+            rank = g % schedule.num_ranks
+            stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
+            per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
+        prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
+                                sim.step_time_s, single_s, model.tokens,
+                                tuple(per_gpu), run_profile.describe(), data_parallel, model.sample, runtime)
+        return prediction, sim

@@ -18,11 +18,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from itertools import islice
+from typing import cast
 
 from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import iter_wait_keys
 from parsim.sim.lower import Chunk, OpTable, compute_track, runtime_waits
-from parsim.sim.machine import Machine
+from parsim.sim.machine import Machine, Task
 
 RECEIVES = frozenset(recv for recv, _ in PAIRED_RECV.values())
 CONSUMERS = {Op.RECV_F: (Op.FORWARD,), Op.RECV_B: (Op.BACKWARD, Op.BACKWARD_INPUT)}
@@ -48,7 +49,7 @@ def rate_beside(ratio: float, spin: float) -> float:
 
 def early_receives(schedule: Schedule) -> frozenset[Action]:
     """The receives each rank posts ahead of a compute other than the one that consumes them."""
-    early = set()
+    early: set[Action] = set()
     for acts in schedule.actions:
         pending: list[Action] = []
         for a in acts:
@@ -65,6 +66,7 @@ def waiting(schedule: Schedule, machine: Machine, table: OpTable, early: frozens
     """Per rank, when each early receive's kernel waits on its GPU: from when its rank could start it (its host
     posted it, and what it waits for on that rank has ended) to the end of its message."""
     more = runtime_waits(schedule.comm) if schedule.comm is not None else {}
+    ops: dict[str, list[list[Task]]] = table  # type: ignore[assignment]  # every action has its op: no None
     keys = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     out = []
     for rank, acts in enumerate(schedule.actions):
@@ -73,10 +75,10 @@ def waiting(schedule: Schedule, machine: Machine, table: OpTable, early: frozens
         for a, deps in islice(keys, len(acts)):
             if a not in early:
                 continue
-            op = table[a.op][a.stage][a.microbatch]
+            op = ops[a.op][a.stage][a.microbatch]
             start = posted[id(op)]
             for d in (*deps, *more.get(a, ())):
-                dep = table[d[0]][d[1]][d[2]]
+                dep = ops[d[0]][d[1]][d[2]]
                 if dep is not op and dep.end_s > start:
                     start = dep.end_s
             if op.end_s > start:
@@ -110,7 +112,7 @@ def lengthening(schedule: Schedule, machine: Machine, windows: list[list[tuple[f
                 overlap += min(op.end_s, spans[k][1]) - max(op.start_s, spans[k][0])
                 k += 1
             if overlap > 0:
-                action = op.label.action if isinstance(op.label, Chunk) else op.label
+                action = cast(Action, op.label.action if isinstance(op.label, Chunk) else op.label)
                 out[action] = out.get(action, 0.0) + (1.0 - rate) * overlap
     return out
 

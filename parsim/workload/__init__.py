@@ -10,12 +10,34 @@ layers and stages cost, and the split balanced by those costs; memory.py: what a
 """
 
 from parsim.workload.configs import PRESETS, config_model, load_model, model_from_spec, named_model, preset_model
-from parsim.workload.costs import (OPS, PARTITIONS, LayerTime, StageCost, Work, gradient_adds, layer_times,
-                                   layer_works, microbatch_tokens, part_costs, partitioned, stage_costs)
+from parsim.workload.costs import (
+    OPS,
+    PARTITIONS,
+    LayerTime,
+    StageCost,
+    Work,
+    gradient_adds,
+    layer_times,
+    layer_works,
+    microbatch_tokens,
+    part_costs,
+    partitioned,
+    stage_costs,
+)
 from parsim.workload.layers import KINDS, Kind, Layer, Part
 from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
-from parsim.workload.models import (CONV_DEFAULTS, MODEL_FILE, MODEL_SPECS, Model, check_balance, conv_model,
-                                    mlp_model, model_label, model_spec, transformer_model)
+from parsim.workload.models import (
+    CONV_DEFAULTS,
+    MODEL_FILE,
+    MODEL_SPECS,
+    Model,
+    check_balance,
+    conv_model,
+    mlp_model,
+    model_label,
+    model_spec,
+    transformer_model,
+)
 from parsim.workload.partition import check_stages, partition, partition_by_time, stage_layers
 from parsim.workload.transformer import Decoder, Embedding, Head, TransformerShape, transformer_layers
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from parsim.errors import ModelError
 from parsim.inputs import MAX_SIZE, parse_json, shown
@@ -17,7 +18,7 @@ GPT_ACTS = ("gelu_new", "gelu", "gelu_pytorch_tanh")  # hw runs GELU's tanh appr
 UNSUPPORTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
 
-def _size(doc: dict, key: str, default: int | None = None) -> int:
+def _size(doc: dict[str, Any], key: str, default: int | None = None) -> int:
     """A whole size >= 1 from the config, or `default` where it is absent or null."""
     value = doc.get(key)
     if value is None:
@@ -31,7 +32,7 @@ def _size(doc: dict, key: str, default: int | None = None) -> int:
     return value
 
 
-def config_shape(doc: dict, seq_len: int) -> tuple[TransformerShape, int]:
+def config_shape(doc: dict[str, Any], seq_len: int) -> tuple[TransformerShape, int]:
     """(shape, decoder blocks) of a Llama-style ("llama") or GPT-2 ("gpt2") config; ModelError for any other."""
     kind = doc.get("model_type")
     moe = [k for k in UNSUPPORTED_KEYS if doc.get(k)]
@@ -64,7 +65,7 @@ def config_shape(doc: dict, seq_len: int) -> tuple[TransformerShape, int]:
                      f"grouped-query attention, SwiGLU) and \"gpt2\" configs")
 
 
-def config_model(doc: dict, origin: str, seq_len: int | None, sequences: int | None) -> Model:
+def config_model(doc: dict[str, Any], origin: str, seq_len: int | None, sequences: int | None) -> Model:
     """The transformer a parsed config describes, on `sequences` sequences of `seq_len` tokens a step."""
     if seq_len is None or sequences is None:
         raise ModelError(f"{origin} is a transformer: give --seq-len (tokens per sequence) and --global-batch "
@@ -78,12 +79,13 @@ def config_model(doc: dict, origin: str, seq_len: int | None, sequences: int | N
         raise ModelError(f"{origin}: {e}") from None
 
 
-def preset_config(name: str) -> dict:
+def preset_config(name: str) -> dict[str, Any]:
     """A shipped config by name (see PRESETS)."""
     if name not in PRESETS:
         raise ModelError(f"no preset named {name!r}; parsim ships: {', '.join(PRESETS)}")
-    text = resources.files("parsim.workload").joinpath("presets", f"{name}.json").read_text()
-    return parse_json(text, f"preset {name}", ModelError)
+    text = resources.files("parsim.workload").joinpath("presets").joinpath(f"{name}.json").read_text()
+    config: dict[str, Any] = parse_json(text, f"preset {name}", ModelError)
+    return config
 
 
 def preset_model(name: str, seq_len: int | None, sequences: int | None) -> Model:
@@ -111,7 +113,8 @@ def load_model(path: str | Path, seq_len: int | None = None, sequences: int | No
 
 
 def model_from_spec(text: str) -> Model:
-    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length: PRESET:BATCH:SEQ."""
+    """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length:
+    PRESET:BATCH:SEQ."""
     head, _, rest = text.strip().lower().partition(":")
     if head in VARIANTS or head == "conv" or not rest:
         return _spec_model(text)

@@ -4,9 +4,9 @@ balanced by those costs."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from parsim.errors import ModelError
 from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LayerCosts, OpCost, Profile
@@ -64,7 +64,8 @@ def gradient_add_s(profile: Profile, cost: StageCost) -> float | None:
 def gradient_adds(profile: Profile, costs: list[StageCost]) -> list[float] | None:
     """gradient_add_s of each stage, or None where the profile prices no gradient add."""
     adds = [gradient_add_s(profile, c) for c in costs]
-    return None if None in adds else adds
+    known = [a for a in adds if a is not None]
+    return known if len(known) == len(adds) else None
 
 
 def part_costs(profile: Profile, part: Part) -> LayerCosts:
@@ -83,8 +84,8 @@ class BlendedCost(OpCost):
     """An op at a width between two calibrated ones: at the same samples, log time runs linearly in log width
     from the narrower shape's time to the wider's (FLOPs per sample grow as the width squared)."""
 
-    lower: OpCost = None
-    upper: OpCost = None
+    lower: OpCost = field(kw_only=True)
+    upper: OpCost = field(kw_only=True)
     lower_scale: float = 1.0  # the narrower shape's FLOPs for the same samples, over this width's
     upper_scale: float = 1.0
     weight: float = 0.0  # 0 at the narrower width, 1 at the wider
@@ -114,14 +115,14 @@ def width_blend(profile: Profile, key: str) -> LayerCosts | None:
     def blend(a: OpCost, b: OpCost) -> BlendedCost:
         fixed = math.exp((1 - weight) * math.log(max(a.fixed_s, 1e-30)) + weight * math.log(max(b.fixed_s, 1e-30)))
         rate = math.exp((1 - weight) * math.log(a.flops_per_s) + weight * math.log(b.flops_per_s))
-        return BlendedCost(a.host_s + weight * (b.host_s - a.host_s), fixed, rate, (), a, b, (lo / h) ** 2,
-                           (hi / h) ** 2, weight)
+        return BlendedCost(a.host_s + weight * (b.host_s - a.host_s), fixed, rate, (), (lo / h) ** 2, (hi / h) ** 2,
+                           weight, lower=a, upper=b)
 
     low, high = profile.layers[f"{kind}@{lo}"], profile.layers[f"{kind}@{hi}"]
     return LayerCosts(*(blend(getattr(low, op), getattr(high, op)) for op in OPS))
 
 
-def layer_works(profile: Profile, layer, samples: int) -> list[Work]:
+def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     """One layer's forward, input-grad and weight-grad for a micro-batch of `samples`: each part's GPU time at
     its work (an op with no work runs nothing) and its host's time to launch it."""
     gpu, host = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
@@ -167,7 +168,7 @@ def layer_times(model: Model, tokens: int, profile: Profile) -> list[LayerTime]:
 PARTITIONS = ("equal", "time")
 
 
-def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile,
+def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, profile: Profile | None,
                 data_parallel: int = 1) -> Model:
     """The model split `how` says: "equal" layer counts, or balanced by the profile's time per layer at this
     micro-batch size (torchgpipe's balance_by_time, from the profile instead of a timed run, each stage
@@ -176,6 +177,8 @@ def partitioned(model: Model, how: str, num_stages: int, num_microbatches: int, 
         return replace(model, balance=None)
     if how != "time":
         raise ModelError(f"unknown partition {how!r}; choose from {', '.join(PARTITIONS)}")
+    if profile is None:
+        raise ModelError("a split by time needs a profile to price the layers")
     times = layer_times(model, microbatch_tokens(model, num_microbatches, data_parallel), profile)
     # per micro-batch a stage's host also pays a forward and a backward action, each with a message posted
     # (a receive or a send; inner stages post two)
@@ -196,7 +199,7 @@ def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: P
         for layer in layers:
             works = [a + b for a, b in zip(works, layer_works(profile, layer, tokens))]
         costs.append(StageCost(
-            *works,
+            works[0], works[1], works[2],
             send_bytes=layers[-1].out_bytes_per_token * tokens,
             stash_bytes=sum(layer.stash_bytes_per_token for layer in layers) * tokens,
             grad_bytes=sum(layer.params * layer.dtype_bytes for layer in layers),

@@ -11,9 +11,10 @@ itself is not counted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from parsim.errors import ModelError
-from parsim.schedules import Op, Schedule
+from parsim.schedules import Action, Op, Schedule
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
 
@@ -38,7 +39,8 @@ class LayerMemory:
     grads: int  # its parameters' gradients
 
 
-def layer_memory(layer, samples: int) -> LayerMemory:
+def layer_memory(layer: Any, samples: int) -> LayerMemory:
+    """One layer's memory (a Model's layer: a Layer, or a transformer's) for a micro-batch of `samples`."""
     return LayerMemory(layer.stash_bytes_per_token * samples, layer.forward_workspace_bytes_per_token * samples,
                        layer.backward_workspace_bytes_per_token * samples,
                        layer.captured_bytes_per_token * samples,
@@ -69,7 +71,8 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
     return peaks
 
 
-def _walk(acts, stages: list[list[LayerMemory]], outputs: list[int], last: int, split: set, static: int,
+def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: list[int], last: int,
+          split: set[tuple[int, int]], static: int,
           made_grads: bool) -> int:
     """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward."""
     held = peak = static

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from parsim.budget import check_layers
 from parsim.errors import ModelError
@@ -17,7 +18,7 @@ from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, des
 class Model:
     """A sequential model, the batch it is trained on, and optionally how its layers split into stages."""
 
-    layers: tuple
+    layers: tuple[Any, ...]  # each a Layer, or a transformer's Embedding, Decoder or Head (the same properties)
     tokens: int  # samples per training step (tokens, images for a conv net, sequences for a transformer)
     balance: tuple[int, ...] | None = None  # layers per stage (torchgpipe's term); None: equal counts
 
@@ -36,7 +37,7 @@ class Model:
     @property
     def sample(self) -> str:
         """What one sample is: "token", "image" or "sequence"."""
-        return self.layers[0].sample
+        return str(self.layers[0].sample)
 
     @property
     def transformer(self) -> TransformerShape | None:
@@ -149,9 +150,9 @@ def model_spec(model: Model) -> str:
     else:
         starts = [i for i, layer in enumerate(model.layers) if i == 0 or layer.kind == "down"]
         widths = tuple(model.layers[i].hidden for i in starts)
-        blocks = tuple(b - a for a, b in zip(starts, starts[1:] + [len(model.layers)]))
-        custom = (widths, blocks, first.side) != CONV_DEFAULTS
-        spec = f"conv:{model.tokens}" + (f":{_dashed(widths)}:{_dashed(blocks)}:{first.side}" if custom else "")
+        groups = tuple(b - a for a, b in zip(starts, starts[1:] + [len(model.layers)]))
+        custom = (widths, groups, first.side) != CONV_DEFAULTS
+        spec = f"conv:{model.tokens}" + (f":{_dashed(widths)}:{_dashed(groups)}:{first.side}" if custom else "")
     try:
         same = _from_spec(spec) == replace(model, balance=None)
     except (ModelError, ValueError):
@@ -182,8 +183,8 @@ def mlp_model(layers: int = 16, hidden: int = 2048, tokens: int = 8192, dtype_by
     return Model(tuple(Layer("mlp", hidden, dtype_bytes) for _ in range(layers)), tokens)
 
 
-def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0], blocks: tuple[int, ...] = CONV_DEFAULTS[1],
-               side: int = CONV_DEFAULTS[2], dtype_bytes: int = 2) -> Model:
+def conv_model(images: int = 256, widths: tuple[int, ...] = CONV_DEFAULTS[0],
+               blocks: tuple[int, ...] = CONV_DEFAULTS[1], side: int = CONV_DEFAULTS[2], dtype_bytes: int = 2) -> Model:
     """A ResNet-34-like net of pre-activation basic blocks: group g has blocks[g] blocks of widths[g] channels,
     its first a `down` block (half the side) in every group after the first.
 
@@ -225,7 +226,7 @@ def read_model_file(path: str | Path) -> object:
     return load_json(path, "model file", ModelError)
 
 
-def is_config(doc: object) -> bool:
+def is_config(doc: object) -> TypeGuard[dict[str, Any]]:
     """Whether a model file is a Hugging Face config (it has "model_type" or "architectures") rather than parsim's."""
     return isinstance(doc, dict) and "layers" not in doc and ("model_type" in doc or "architectures" in doc)
 
@@ -235,7 +236,9 @@ def parsim_model(doc: object, path: str | Path, seq_len: int | None = None, sequ
     if seq_len is not None or sequences is not None:
         raise ModelError(f"--seq-len and --global-batch go with a transformer config; {path} is a parsim model file")
     where = f"model file {path}"
-    specs = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise ModelError(f"{where} needs a non-empty \"layers\" list; expected {MODEL_FILE}")
+    specs = doc.get("layers")
     if not isinstance(specs, list) or not specs:
         raise ModelError(f"{where} needs a non-empty \"layers\" list; expected {MODEL_FILE}")
     batch = "tokens" if "tokens" in doc else "images"
@@ -258,7 +261,7 @@ def _layer_count(spec: object, where: str) -> int:
     return whole(spec.get("count", 1), f"{where}.count", 1, MAX_LAYERS, ModelError)
 
 
-def _layer(spec: dict, where: str) -> Layer:
+def _layer(spec: dict[str, Any], where: str) -> Layer:
     """A layer entry's Layer, each field checked for type and range."""
     kind = text_field(spec.get("kind", "mlp"), f"{where}.kind", ModelError)
     if kind not in KINDS:

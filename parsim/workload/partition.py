@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from parsim.errors import ModelError
 from parsim.workload.models import Model, check_balance
 
@@ -53,7 +55,7 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     """
     n = len(gpu)
     check_stages(n, num_stages)
-    gpu_sum, host_sum = _prefix(gpu), _prefix(host) if host is not None else None
+    gpu_sum, host_sum = prefix_sums(gpu), prefix_sums(host) if host is not None else None
 
     def stage_time(a: int, b: int) -> float:
         t = gpu_sum[b] - gpu_sum[a]
@@ -67,7 +69,8 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     for k in range(1, num_stages + 1):
         cross = k - 1  # where best[k - 1] meets the last stage's time: it only moves right as that stage grows
         for i in range(k, n - (num_stages - k) + 1):
-            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j: stage_time(j, i), k - 1, i - 1, cross)
+            best[k][i], cut[k][i], cross = _best_cut(best[k - 1], lambda j: stage_time(j, i), k - 1, i - 1,  # noqa: B023 - called now
+                                                     cross)
     equal = partition(n, num_stages)
     if max(stage_time(r.start, r.stop) for r in equal) <= best[num_stages][n] * (1 + 1e-12):
         return tuple(len(r) for r in equal)
@@ -78,7 +81,8 @@ def partition_by_time(gpu: list[float], num_stages: int, host: list[float] | Non
     return tuple(reversed(balance))
 
 
-def _best_cut(before: list[float], last, lo: int, hi: int, cross: int) -> tuple[float, int, int]:
+def _best_cut(before: list[float], last: Callable[[int], float], lo: int, hi: int,
+              cross: int) -> tuple[float, int, int]:
     """min over j in [lo, hi] of max(before[j], last(j)), the first j that gives it (what a scan of every j finds),
     and the first j from `cross` on where before[j] >= last(j) (or hi + 1).
 
@@ -105,7 +109,7 @@ def _best_cut(before: list[float], last, lo: int, hi: int, cross: int) -> tuple[
     return before[a], a, a
 
 
-def _prefix(values: list[float]) -> list[float]:
+def prefix_sums(values: list[float]) -> list[float]:
     out = [0.0]
     for v in values:
         out.append(out[-1] + v)

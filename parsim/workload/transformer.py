@@ -324,7 +324,7 @@ class Head(_SequenceLayer):
         return self.shape.seq * (self.shape.hidden + self.shape.vocab) * self.shape.dtype_bytes
 
 
-def transformer_layers(shape: TransformerShape, blocks: int) -> tuple:
+def transformer_layers(shape: TransformerShape, blocks: int) -> tuple[_SequenceLayer, ...]:
     """The embedding, `blocks` decoder blocks and the head: a transformer's pipelined layers, in order."""
     if not 1 <= blocks <= MAX_LAYERS:
         raise ModelError(f"a transformer needs at least one decoder block and at most {MAX_LAYERS:,}, "

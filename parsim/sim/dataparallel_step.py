@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, GilCosts, Profile
 from parsim.sim.gil import Gil, GilLaunch, GilThread, gil_thread
-from parsim.sim.machine import Launch, Machine, Op, Sync
+from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost
 
 
@@ -99,7 +99,7 @@ class _Python:
     def __init__(self, gil: GilCosts):
         self.held_share = gil.held_share
 
-    def __call__(self, op: Op | None, host_s: float) -> GilLaunch:
+    def __call__(self, op: Task | None, host_s: float) -> GilLaunch:
         return GilLaunch(op, host_s * self.held_share, host_s * (1 - self.held_share))
 
 
@@ -129,20 +129,21 @@ def backward_stretch(costs: GilCosts, gpus: int) -> float:
 
 
 def _coalesced_comm(m: Machine, thread: GilThread, python: _Python, label: str, chunks: list[int],
-                    host: tuple[float, float], coll: CollectiveSpec, after: list[Op]) -> Op:
+                    host: tuple[float, float], coll: CollectiveSpec, after: list[Task]) -> Task:
     """One coalesced NCCL call, chunk by chunk: the host pays host[0] for the call's first chunk and host[1] for
     each further one, each chunk runs after its issue and the one before it (one latency for the call); its
     last chunk's op."""
-    op = None
+    op: Task | None = None
     for i, nbytes in enumerate(chunks):
         op = m.op("nccl", f"{label} ({i + 1}/{len(chunks)})", (0.0 if i else coll.latency_s) + nbytes / coll.busbw_Bps,
                   category="comm")
         op.deps += after
         thread.steps.append(python(op, host[1] if i else host[0]))
+    assert op is not None, "a coalesced call moves at least one chunk"
     return op
 
 
-def _signal(m: Machine, label: str) -> Op:
+def _signal(m: Machine, label: str) -> Task:
     """A zero-length op on a track of its own: a host issuing it lets a host syncing on it go on."""
     return m.op(f"signal {label}", label, 0.0)
 
@@ -169,10 +170,11 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
 
     # 1. scatter the batch from GPU 0 (over one GPU: no copy, the call where timed), 2. replicate: broadcast the
     # parameters, rebuild each module per replica
-    inputs: dict[int, list[Op]] = {0: []}
+    inputs: dict[int, list[Task]] = {0: []}
     if gpus == 1 and any(g == 1 for g, _ in costs.calls.get("scatter", ())):
         main.steps.append(GilLaunch(None, call_s(costs, "scatter", 1, 0.0), 0.0))
     if gpus > 1:
+        assert coll is not None and costs.replicate_module_s is not None  # needed above for several GPUs
         for d in range(1, gpus):
             copy = m.op(f"link 0->{d}", f"scatter to gpu{d}", link.time_s(replica.in_bytes), category="comm")
             main.steps.append(python(copy, scatter_s))
@@ -218,20 +220,21 @@ def data_parallel_step_s(replica: Replica, gpus: int, profile: Profile) -> float
     return m.run() + final_sync_s(costs, profile.host.sync_s, gpus)
 
 
-def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, gpu: int, after: list[Op]) -> Op:
+def _forward(m: Machine, thread: GilThread, python: _Python, replica: Replica, gpu: int, after: list[Task]) -> Task:
     """The replica's layers launched one by one on its GPU; the last layer's op."""
-    op = None
+    op: Task | None = None
     for i, layer in enumerate(replica.layers):
         op = m.op(f"gpu{gpu} compute", f"F{i} gpu{gpu}", layer.forward.gpu_s)
         if i == 0:
             op.deps += after
         thread.steps.append(python(op, layer.forward.host_s))
+    assert op is not None, "a replica has at least one layer"
     return op
 
 
-def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int, start: tuple[Op, Op],
+def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int, start: tuple[Task, Task],
               host: tuple[float, tuple[float, float]], coll: CollectiveSpec | None, grad_copy_s: float,
-              stretch: float) -> Op:
+              stretch: float) -> Task:
     """Autograd's device threads, from the backward call on: GPU 0's scatters the output gradient (Gather's
     backward, Python), each runs its replica's backward in C++, then GPU 0's reduces the parameter gradients
     chunk by chunk (Broadcast's backward, Python). `start`: the loss's op and the call's signal; `host`: the
@@ -241,7 +244,7 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
     scatter_s, reduce_s = host
     threads = [gil_thread(m, f"autograd gpu{d}", gil) for d in range(gpus)]
     threads[0].steps.append(Sync((called,)))
-    first: dict[int, list[Op]] = {0: [loss]}
+    first: dict[int, list[Task]] = {0: [loss]}
     for d in range(1, gpus):
         copy = m.op(f"link 0->{d}", f"grad to gpu{d}", grad_copy_s, category="comm")
         copy.deps.append(loss)
@@ -249,11 +252,12 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
         first[d] = [copy]
     ready = _signal(m, "output gradient scattered")
     threads[0].steps.append(GilLaunch(ready, 0.0, 0.0))
-    last, finished = [], []
+    last: list[Task] = []
+    finished: list[Task] = []
     for d, thread in enumerate(threads):
         if d:
             thread.steps.append(Sync((ready,)))
-        op = None
+        op: Task | None = None
         for i, layer in reversed(list(enumerate(replica.layers))):
             work = layer.backward
             op = m.op(f"gpu{d} compute", f"B{i} gpu{d}", work.gpu_s)
@@ -261,11 +265,13 @@ def _backward(m: Machine, gil: Gil, python: _Python, replica: Replica, gpus: int
                 op.deps += first[d]
             host_s = work.host_s * stretch
             thread.steps.append(Launch(op, host_s, host_s / max(work.chunks, 1)))  # C++: no GIL
+        assert op is not None, "a replica has at least one layer"
         last.append(op)
         finished.append(_signal(m, f"backward launched gpu{d}"))
         thread.steps.append(Launch(finished[-1], 0.0, 0.0))
     if gpus == 1:
         return last[0]
     threads[0].steps.append(Sync(tuple(finished)))
+    assert coll is not None, "several GPUs reduce over a collective"
     return _coalesced_comm(m, threads[0], python, "reduce parameter gradients to gpu0",
                            coalesced(replica.tensor_bytes, close_at_limit=False), reduce_s, coll, last)

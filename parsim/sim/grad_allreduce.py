@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 
 from parsim.errors import ProfileError
-from parsim.sim.machine import Launch, Machine
-from parsim.sim.lower import Lowered, compute_track
 from parsim.profile import CollectiveSpec, Profile
 from parsim.schedules import Schedule
+from parsim.sim.lower import Lowered, compute_track
+from parsim.sim.machine import Launch, Machine
 from parsim.workload import StageCost
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
