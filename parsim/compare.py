@@ -1,15 +1,9 @@
 """Predicted against measured: the error table and the plots, re-drawn offline from a results CSV.
 
-`hw validate` writes one row per measured point with the columns in COLUMNS (extra columns
-are kept and ignored) and `model`, the model's spec (parsim.workload.model_from_spec); a CSV without
-that column (written before it) names an MLP stack by layers, hidden and tokens. A row whose `excluded` column is
-non-empty is shown but left out of the error summary, with that column as its measured reason.
-
-The summary is given twice: over every point, and over the points where the GPU sets the pace. A
-point is host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost
-HOST_SWING times larger: the lent machines' host speed changes by up to 1.9x between and within
-leases (data/host-noise/), so such a point says more about the lease than about the model.
-"""
+One row per measured point (COLUMNS, and `model`: the model's spec; a row with a non-empty `excluded` is shown but
+left out of the summary). The summary is given over every point and over the GPU-bound ones: a point is
+host-sensitive when its prediction moves by more than HOST_TOLERANCE with every host cost HOST_SWING times larger,
+since the lent hosts' speed drifts (docs/lab/code-notes.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""The host probe: a host-bound step that `hw validate` takes in every turn, beside the points it measures.
+"""The host probe: a host-bound step `hw validate` times in every turn, to read the host's speed in that turn.
 
-The lent VMs' host speed drifts up to 1.9x within minutes (data/host-noise/); two turns of one grid a minute apart
-ran the very same one-stage program 1.48x apart (data/validation/h200x2-2026-11-23-runtimes/grid/: GPipe and 1F1B
-at one micro-batch). No model of a step predicts that. The probe measures it: hw's runner on tiny MLP blocks (8
-per rank, 64 wide, 8 micro-batches of 8 rows) leaves the GPUs idle, so its step is the host's loop; its measured
-step over its predicted one is the host's speed in that turn against the profile's. A point's prediction "at the
-measured host speed" is the profile's with every host cost scaled by that ratio: the model, told how fast the
-host ran, not fitted to the point.
-"""
+hw's runner on tiny MLP blocks leaves the GPUs idle, so its step is the host's loop; measured over predicted, it is
+the turn's host speed against the profile's, and a point predicted "at the measured host speed" has every host cost
+scaled by it: the model told how fast the host ran, not fitted to the point."""
 
 from __future__ import annotations
 

@@ -234,12 +234,9 @@ GIL_STEP_KEYS = ("module_call_s", "backward_call_s", "matmul_launch_s", "zero_gr
 class CpuCosts:
     """The CPU's cores and memory, and one Hogwild training step on them (`hw calibrate --interfaces`).
 
-    core_speed: processes -> a core's speed then against one process alone (all-core clocks, shared caches and
-    parameters; more processes than cores time-share them), measured with `core_speed_probe` ("step": N processes
-    training the Hogwild model itself; "matmul": a private matrix product, 1 to `cores` processes, in profiles
-    calibrated before 2026-11-24);
-    step_s: one process's training step of `step_model` alone, one intra-op thread.
-    """
+    core_speed: processes -> a core's speed against one process alone, measured with `core_speed_probe` ("step": the
+    Hogwild model's own step; "matmul": a private matrix product, in older profiles); step_s: one process's step of
+    `step_model` alone, one intra-op thread."""
 
     cores: int
     core_speed: dict[int, float]

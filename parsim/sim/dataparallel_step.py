@@ -66,7 +66,7 @@ def need_gil(profile: Profile, replicate: bool = False) -> GilCosts:
 
 def zero_grad_s(costs: GilCosts, modules: int, tensors: int) -> float:
     """zero_grad(set_to_none=True) over `modules` modules holding `tensors` parameter tensors, as hw timed it (0 where
-    not timed: profiles before 2026-11-27 afternoon)."""
+    the profile has no such timing)."""
     if costs.zero_grad_s is None:
         return 0.0
     return (costs.zero_grad_s + (modules - 1) * (costs.zero_grad_module_s or 0.0)

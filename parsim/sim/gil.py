@@ -1,23 +1,12 @@
 """Python's interpreter lock (GIL) as CPython hands it between threads, and what waking a sleeping thread costs.
 
-A thread that finds the GIL free takes it at once; one that finds it held sleeps, in line (CPython's
-take_gil waits on a condition variable). A thread that gives the GIL up (drop_gil) wakes the first sleeper
-and pays for it: the wake-up costs more the longer the sleeper's CPU core has been idle (a core idle for
-microseconds is still polling; one idle longer has halted and must be interrupted, on a VM through the
-hypervisor), a calibrated curve (`GilCosts.wake`). A launching thread that comes back from its GIL-free part
-(torch's bindings release the GIL around dispatch) before the thread it woke runs takes the GIL again, and the
-woken one goes back to sleep, last in line; otherwise the woken one takes it. Which happens is the calibrated
-share of releases (`GilCosts.handoff_share`, two threads' launches that followed the other's: one in 12 in a logged
-run on the 2-core development machine, 0.84-0.88 on the H100 and H200 machines). Where a launch holds the GIL all
-its time (every calibration since 2026-11-25) the launching threads' pace is the same either way; which thread's
-launches go first is not, and DataParallel's forward threads each feed their own GPU. A thread that leaves (it
-syncs, joins or ends) hands the GIL to the one it woke.
-Where the calibration measured the launch curve (1-8 threads launching together, `GilCosts.launch_curve`), the
-curve is the calibration: while k threads launch, a GIL-held step lasts its own time stretched so that k threads'
-launches keep the measured pace (`contention`, `Gil.stretched`), and wake-ups cost nothing apart (the curve holds
-them): at 3-8 threads no probe of one or two threads predicted the pace (docs/lab/data-parallel-interfaces.md).
-Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here.
-"""
+A thread that finds the GIL held sleeps in line; a release wakes the first sleeper and the releaser pays a wake-up
+that grows with how long the sleeper's core was idle (`GilCosts.wake`). A launching thread that wants the GIL back
+takes it before the woken one runs, except at the calibrated share of releases (`GilCosts.handoff_share`); a thread
+that leaves (sync, join, end) hands it to the woken one. Where the profile has the launch curve (1-8 threads
+launching together, `GilCosts.launch_curve`), that curve is the calibration: while k threads launch, a GIL-held step
+lasts c_k / c_1 of its time alone (`contention`, `Gil.stretched`) and wake-ups cost nothing apart.
+Kept apart from HostThread, whose run is the simulator's hot loop: a thread without a GIL pays nothing here."""
 
 from __future__ import annotations
 
@@ -252,8 +241,8 @@ def issue(op: Task, available_at: float, last_issue_at: float, wake: Callable[[T
 
 @dataclass
 class GilThread(HostThread):
-    """A Python thread of a process with a GIL: GilLaunch steps take it, Launch steps (C++ threads such as
-    autograd's device threads) and syncs do not, as torch's synchronize and Thread.join release it."""
+    """A Python thread of a process with a GIL: GilLaunch steps take it; Launch steps (C++ threads such as autograd's
+    device threads) and syncs do not, as torch's synchronize and Thread.join release it."""
 
     # a GIL thread's steps may take the GIL too: a wider list than a plain host's
     steps: list[Launch | Sync | GilLaunch] = field(default_factory=list)  # type: ignore[assignment]

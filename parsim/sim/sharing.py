@@ -1,17 +1,10 @@
 """A receive's kernel waiting on its GPU slows the compute beside it.
 
-NCCL runs a send-receive as tens of CTAs that hold their SMs from the moment their stream starts them until the
-data has moved; the compute beside them runs at `profile.resident_comm.rate` of its speed meanwhile (one H200:
-0.55-0.68 beside 32-64 waiting CTAs, `data/calibration/h200-2026-11-24-resident`). That happens where a runtime posts a
-receive ahead of a compute other than the one that consumes it (torch's multi-stage classes): its kernel starts
-once the compute queued before it has ended (the communication stream waits for it) and waits beside the next
-compute until the peer sends. A receive posted just before its consumer waits with the compute stream instead,
-and a send does not wait (it fits the peer's buffers).
-
-The slowdown and the times depend on each other (a slower compute sends later, which keeps the peer's receives
-waiting longer), so the step is settled again and again, each compute lengthened by (1 - rate) times its overlap
-with its rank's waiting receives, half-way towards the lengths the last settlement implies, until they agree.
-"""
+NCCL's send-receive holds its SMs from the moment its stream starts it until the data has moved; the compute
+beside it runs at `profile.resident_comm.rate` of its speed meanwhile. That happens where a runtime posts a receive
+ahead of a compute other than its consumer (torch's multi-stage classes). Slowdown and times depend on each other,
+so the step is settled again and again, each compute lengthened by (1 - rate) times its overlap with its rank's
+waiting receives, half-way towards what the last settlement implies, until they agree."""
 
 from __future__ import annotations
 

@@ -96,11 +96,8 @@ class BlendedCost(OpCost):
 
 
 def width_blend(profile: Profile, key: str) -> LayerCosts | None:
-    """Costs of an uncalibrated width of a vector kind ("mlp@1536") from the calibrated widths just below and above
-    it, or None (not such a key, or outside the calibrated widths: the kind's own fit applies there).
-
-    Checked on an H200 (data/diagnose/h200-2026-11-24/): widths 512 and 1536 measured against the blend of
-    256 and 1024, and of 1024 and 2048, were within 3-15% and 0-5%; a fit over every width was off by up to 38%."""
+    """Costs of an uncalibrated width of a vector kind ("mlp@1536") blended from the calibrated widths just below and
+    above it, or None (not such a key, or outside the calibrated widths: the kind's own fit applies there)."""
     kind, _, width = key.partition("@")
     if kind not in KINDS or KINDS[kind].spatial or not width.isdigit():
         return None
