@@ -16,6 +16,8 @@ pytest.importorskip("torch")
 from parsim.compare import read_points, repredict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 
+SHIPPED = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"
+
 
 def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
     out = tmp_path / "v"
@@ -49,10 +51,11 @@ def test_validate_refuses_more_gpus_than_the_machine_has():
 
 
 def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
-    out = tmp_path / "v"
+    out = tmp_path / "v"  # the shipped profile: no calibration (the test above runs validate's own)
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "2", "--data-parallel", "1,2",
                         "--copy-streams", "--schedules", "1f1b", "--microbatches", "2", "--models", "2x16x8",
-                        "--steps", "1", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
+                        "--profile", str(SHIPPED), "--steps", "1", "--warmup", "0", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     points = read_points(out / "results.csv")
     assert sorted((p.data_parallel, p.copy_streams) for p in points) == [(1, False), (1, True), (2, False), (2, True)]
@@ -60,8 +63,7 @@ def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
 
 
 def test_validate_runs_a_tiny_conv_net_named_by_its_spec(tmp_path):
-    out, spec = tmp_path / "v", "conv:8:4-8:1-2:8"
-    shipped = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"  # kind-level conv, down costs
+    out, spec, shipped = tmp_path / "v", "conv:8:4-8:1-2:8", SHIPPED  # kind-level conv, down costs
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "2", "--schedules", "gpipe",
                         "--microbatches", "2", "--models", spec, "--profile", str(shipped), "--steps", "1",
                         "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
