@@ -19,6 +19,16 @@ from parsim.profile import load_profile  # noqa: E402
 SHIPPED = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"
 
 
+def _hw_here(capsys, *argv: str):
+    """`python -m hw ARGV` run in this process (a refusal: no torch start-up of a subprocess); its status, stderr."""
+    from clirun import run
+
+    from hw.__main__ import main
+
+    status, _, err = run(main, list(argv), capsys)
+    return status, err
+
+
 def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
     out = tmp_path / "v"
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "1,2", "--schedules", "1f1b",
@@ -36,18 +46,18 @@ def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
         assert statistics.median(statistics.mean(b) for b in s["steps_s"]) == pytest.approx(p.measured_s)
     assert (out / "profile.json").exists() and (out / "results-speedups.png").exists()
     again = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(out / "results.csv")],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, cwd=tmp_path)  # its plots: into the current folder
     assert again.returncode == 0 and "median |error|" in again.stdout
     assert "at the host speed the probe measured in each turn" in again.stdout
 
 
-def test_validate_refuses_more_gpus_than_the_machine_has():
+def test_validate_refuses_more_gpus_than_the_machine_has(capsys):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--gpus", "2"], capture_output=True, text=True)
-    assert r.returncode == 2 and "needs 2 CUDA GPUs; this machine has 0" in r.stderr
+    status, err = _hw_here(capsys, "validate", "--gpus", "2")
+    assert status == 2 and "needs 2 CUDA GPUs; this machine has 0" in err
 
 
 def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
@@ -76,10 +86,9 @@ def test_validate_runs_a_tiny_conv_net_named_by_its_spec(tmp_path):
     assert again.predicted_s == pytest.approx(point.predicted_s)
 
 
-def test_validate_refuses_a_bad_model_spec_in_one_line():
-    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--models", "2x16x8,conv:8:4"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad model spec 'conv:8:4'" in r.stderr
+def test_validate_refuses_a_bad_model_spec_in_one_line(capsys):
+    status, err = _hw_here(capsys, "validate", "--cpu", "--models", "2x16x8,conv:8:4")
+    assert status == 2 and err.count("\n") == 1 and "bad model spec 'conv:8:4'" in err
 
 
 def test_validate_runs_a_tiny_transformer_with_a_memory_prediction_per_point(tmp_path):
