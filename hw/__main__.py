@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 from hw.run.teardown import adopt_parent
@@ -31,8 +32,22 @@ def parser_for(chosen: str | None) -> tuple[argparse.ArgumentParser, object | No
     return parser, module
 
 
+NO_TORCH = 'error: `python -m hw` runs PyTorch, which is not installed here; install it with: pip install ".[hw]"'
+
+
+def _has_torch() -> bool:
+    """Whether torch can be imported: checked before any parsing, so that even `--help` says what to install."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     adopt_parent()  # started by another hw command (hw validate's calibration): die with it
+    if not _has_torch():
+        print(NO_TORCH, file=sys.stderr)
+        return 2
     argv = sys.argv[1:] if argv is None else argv
     parser, module = parser_for(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from parsim import flags, progress
 from parsim.budget import check_actions
 from parsim.configuration import Configuration, Partition, check, predict, prepare
 from parsim.errors import ParsimError, one_line
-from parsim.files import Outputs, json_text
+from parsim.files import Outputs, folder_made, json_text
 from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.interrupts import Stopped, describe, stopping
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = _command(sub, "compare")
     c.add_argument("--measured", type=flags.path, metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", type=flags.path, metavar="DIR",
-                   help="folder for the plots (default: the CSV's or trace's folder)")
+                   help="folder for the plots, made if missing (default: the current folder)")
     c.add_argument("--profile", type=flags.path, metavar="FILE",
                    help="redo the predictions from this profile instead of the CSV's")
     c.add_argument("--runtime", type=runtime_name, metavar="NAME",
@@ -369,15 +369,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not (args.measured or args.timeline):
         raise ParsimError("compare needs --measured CSV, or --timeline TRACE with --point")
-    with Outputs() as outputs:  # the plots and the overlay: all or none, their paths checked first
+    # the plots and the overlay: all or none, their paths checked first; a folder made for them goes if they do
+    with folder_made(args.out or ".") as out, Outputs() as outputs:
         overlay = None
         if args.timeline:
-            out = Path(args.out) if args.out else Path(args.timeline).parent
             overlay = outputs.add(out / f"{Path(args.timeline).name.split('.')[0]}-overlay.png", "overlay")
         if args.measured:
             profile = load_profile(args.profile) if args.profile else None
             with Progress("compare"):
-                table, plots = compare(args.measured, args.out, profile, args.runtime, outputs=outputs)
+                table, plots = compare(args.measured, out, profile, args.runtime, outputs=outputs)
             print(table)
             print("plots: " + ", ".join(map(str, plots)))
         if overlay:

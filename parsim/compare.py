@@ -386,7 +386,7 @@ def speedups_png(points: list[Point]) -> bytes:
 def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile: Profile | None = None,
             runtime: str | None = None, host_profile: Profile | None = None,
             outputs: Outputs | None = None) -> tuple[str, list[Path]]:
-    """The error table, and the two plots written into out_dir (default: the CSV's folder), both or neither.
+    """The error table, and the two plots written into out_dir (default: the current folder), both or neither.
 
     With a profile or a runtime, the predictions are redone from that profile (else the shipped one), as
     run by that runtime (else each point's own); the CSV's own predictions are left aside. Host
@@ -399,7 +399,7 @@ def compare(csv_path: str | Path, out_dir: str | Path | None = None, profile: Pr
             return compare(csv_path, out_dir, profile, runtime, host_profile, outputs)
     from parsim.profile import load_profile
 
-    out = Path(out_dir) if out_dir else Path(csv_path).parent
+    out = Path(out_dir or ".")  # never beside the CSV: that may be a committed measurement
     stem = Path(csv_path).stem
     paths = [outputs.add(out / f"{stem}-step-times.png", "plot"), outputs.add(out / f"{stem}-speedups.png", "plot")]
     points = read_points(csv_path)

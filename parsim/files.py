@@ -6,11 +6,13 @@ or Infinity, which strict parsers reject).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
@@ -90,6 +92,30 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, what: str = "o
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise ParsimError(f"cannot write {what} {p}: {e.strerror or e}") from None
+        raise
+
+
+@contextlib.contextmanager
+def folder_made(path: str | os.PathLike[str], what: str = "--out") -> Iterator[Path]:
+    """`path` as a folder, made with any missing parents; those made are removed again, where empty, if the block
+    fails, so that a refused command leaves nothing behind."""
+    folder = Path(path_text(path, what))
+    try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]  # deepest first
+        if folder not in missing and not folder.is_dir():
+            raise ParsimError(f"cannot use {what} {folder}: it is not a folder")
+    except OSError as e:
+        raise ParsimError(f"cannot use {what} {folder}: {e.strerror or e}") from None
+    try:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ParsimError(f"cannot make {what} folder {folder}: {e.strerror or e}") from None
+        yield folder
+    except BaseException:
+        for made in missing:
+            with contextlib.suppress(OSError):
+                made.rmdir()
         raise
 
 

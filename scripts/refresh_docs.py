@@ -10,6 +10,8 @@ A block is the text between a marker comment and `<!-- end -->`; the marker says
                                  its output (`| head -n N` or `| tail -n N` keeps part of it). Files the command
                                  writes (--trace, --plot, --out) go to a temporary folder, shown under the name
                                  the command gave, except those under docs/ (the pictures), which a refresh writes.
+  <!-- run: FILE -->             the same, and a refresh keeps the picture its --plot draws as FILE (the one the
+                                 document shows), so that the command a reader copies writes outside the repository
   <!-- log: FILE -->             an excerpt of FILE, the log of a GPU run: each line after `$ ...` must be one of
                                  FILE's lines (`...` skips some); checked, never rewritten, being a measurement
   <!-- measured: FILE -->        `hw measure`'s text report of FILE, a report it wrote with --json on a GPU
@@ -181,30 +183,44 @@ def in_folder(path: Path) -> Iterator[None]:
         os.chdir(old)
 
 
-def run_parsim(argv: list[str], keep_under: Path | None = None) -> str:
-    """What `python -m parsim argv` prints, run in this process from the repository's root."""
+def run_parsim(argv: list[str], keep_under: Path | None = None, figure: Path | None = None) -> str:
+    """What `python -m parsim argv` prints, run in this process from the repository's root; its --plot kept as
+    `figure` where one is named."""
     from parsim.cli import main
 
+    if figure is not None and "--plot" not in argv[:-1]:
+        raise DocError(f"`python -m parsim {shlex.join(argv)}` draws no --plot to keep as {shown(figure)}")
     stdout, stderr = io.StringIO(), io.StringIO()
     with tempfile.TemporaryDirectory() as tmp, in_folder(ROOT):
-        moved, shown = redirected(argv, Path(tmp), keep_under)
+        moved, shown_as = redirected(argv, Path(tmp), keep_under)
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
                 status = main(moved)
             except SystemExit as e:  # argparse refusing a flag
                 status = e.code
+        if status == 0 and figure is not None:
+            keep_plot(Path(moved[moved.index("--plot") + 1]), figure)
     if status != 0:
         raise DocError(f"`python -m parsim {shlex.join(argv)}` exited {status}: {stderr.getvalue().strip()}")
     text = stdout.getvalue()
-    for scratch, given in shown.items():
+    for scratch, given in shown_as.items():
         text = text.replace(scratch, given)
     return text
+
+
+def keep_plot(drawn: Path, figure: Path) -> None:
+    """The picture a run block's command drew, copied (atomically) to where its document shows it."""
+    from parsim.files import write_atomic
+
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(figure, drawn.read_bytes(), "figure")
 
 
 def fill_run(block: Block, refresh: bool) -> str:
     command = command_of(block.body)
     argv, pipe = split_pipe(command)
-    lines = run_parsim(argv, ROOT / "docs" if refresh else None).splitlines()
+    figure = block.path.parent / block.arg if block.arg and refresh else None
+    lines = run_parsim(argv, ROOT / "docs" if refresh else None, figure).splitlines()
     if pipe:
         lines = lines[: pipe[1]] if pipe[0] == "head" else lines[-pipe[1]:] if pipe[1] else []
     return fenced([f"$ {command}", *lines])

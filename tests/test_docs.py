@@ -46,8 +46,15 @@ def documented_commands(paths: list[Path]) -> list[tuple[str, str]]:
 
 
 def readme_parsim_commands() -> list[str]:
-    """Every `python -m parsim ...` the README shows, in code blocks or inline, up to a pipe, `&&` or backtick."""
-    return [m.strip() for m in re.findall(r"python -m parsim[^|&`\n]*", README.read_text())]
+    """Every `python -m parsim ...` the README shows, in code blocks or inline, up to a pipe, `&&` or backtick,
+    except the accuracy loop's (it names a shell variable; its own test runs it)."""
+    return [m.strip() for m in re.findall(r"python -m parsim[^|&`\n]*", README.read_text()) if "$" not in m]
+
+
+def readme_accuracy_loop() -> str:
+    """The README's shell loop that prints each accuracy row again with `parsim compare`."""
+    (line,) = [line for line in README.read_text().splitlines() if line.startswith("for f in ")]
+    return line
 
 
 def parse(command: str):
@@ -92,12 +99,29 @@ def test_every_parsim_command_in_the_readme_runs_against_the_shipped_profile():
         assert "step time" in docs.run_parsim(argv)
 
 
+def test_the_readmes_accuracy_loop_covers_every_row_and_prints_its_figures(tmp_path):
+    loop = readme_accuracy_loop()
+    csvs = set(subprocess.run(["bash", "-c", loop.split("; do ")[0].replace("for f in ", "printf '%s\\n' ", 1)],
+                              capture_output=True, text=True, check=True).stdout.split())
+    (block,) = [b for b in BLOCKS if b.kind == "accuracy" and b.path == README]
+    rows = [re.search(r"\]\(([^)#]+\.csv)(?:#runtime=([\w-]+))?\)", line) for line in block.body.splitlines()[2:]]
+    assert csvs == {row[1] for row in rows} and "--profile parsim/profiles/default.json" in loop
+    row = rows[-1]  # the smallest CSV, run as the loop runs it: its lines give the row's figures
+    (cells,) = [line for line in block.body.splitlines() if row[1] in line]
+    one = loop.replace(loop.split("; do ")[0], f"for f in {row[1]}").replace("/tmp/parsim-accuracy", str(tmp_path))
+    out = subprocess.run(["bash", "-c", one], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    every, bound = re.findall(r"(\d+) points .*?median \|error\| ([\d.]+%), worst ([\d.]+%)", out)
+    assert f"| {every[0]} ({bound[0]}) | {every[1]} / {every[2]} | {bound[1]} / {bound[2]} |" in cells
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results-speedups.png", "results-step-times.png"]
+
+
 @pytest.mark.parametrize("document,command", documented_commands([README, *sorted((ROOT / "docs").glob("*.md"))]))
 def test_every_documented_command_parses(document, command):
     parse(command)
 
 
-@pytest.mark.parametrize("command", sorted({c for _, c in documented_commands([README]) if " -m hw " in c}))
+@pytest.mark.parametrize("command", sorted({  # with measurements.md, which holds the README's calibrate log
+    c for _, c in documented_commands([README, ROOT / "docs" / "measurements.md"]) if " -m hw " in c}))
 def test_the_readmes_hw_commands_answer_help(command):
     pytest.importorskip("torch")
     sub = shlex.split(command)[3]
@@ -190,4 +214,31 @@ def test_the_readme_keeps_the_two_set_up_commands_and_ci_runs_the_second():
     text = README.read_text()
     assert "\npip install . && python -m parsim predict --schedule 1f1b --gpus 4\n" in text
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci == 'pip install "torch==2.13.0" -e ".[hw,test]" && python -m pytest -q' and f"\n{ci}\n" in text
+    assert ci == 'pip install "torch==2.13.0" -e ".[hw,test]" && python -m pytest -q -n 2' and f"\n{ci}\n" in text
+
+
+def _output_paths(command: str) -> list[str]:
+    words = shlex.split(command)
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word in docs.OUTPUT_FLAGS]
+
+
+def test_no_readme_command_writes_into_the_repository():
+    """A reader who runs the README's commands in a clone leaves `git status` clean: every file they write is
+    outside it, and `compare` (which writes its plots to the current folder by default) is given --out."""
+    commands = [*readme_parsim_commands(), readme_accuracy_loop(),
+                *(c for _, c in documented_commands([README]) if " -m hw " in c)]
+    for command in commands:
+        paths = _output_paths(command)
+        assert all(Path(p).is_absolute() and not Path(p).resolve().is_relative_to(ROOT) for p in paths), command
+        assert " compare " not in command or "--out" in command.split(), command
+
+
+def test_a_run_block_naming_a_file_keeps_its_plot_there_on_a_refresh(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- run: figures/t.png -->\n```text\n$ python -m parsim predict --gpus 2 --plot /tmp/t.png "
+                   "| head -n 1\n```\n<!-- end -->\n")
+    assert docs.refresh_document(doc)
+    assert (tmp_path / "figures" / "t.png").read_bytes()[:4] == b"\x89PNG"
+    doc.write_text("<!-- run: t.png -->\n```text\n$ python -m parsim predict --gpus 2\n```\n<!-- end -->\n")
+    with pytest.raises(docs.DocError, match="draws no --plot"):
+        docs.refresh_document(doc)

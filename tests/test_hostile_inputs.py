@@ -75,10 +75,14 @@ OUTPUT_CASES = {
     "predict_trace_in_a_missing_folder": (["predict", *SMALL, "--trace", "nope/t.json"], "does not exist"),
     "predict_trace_ending_in_a_slash": (["predict", *SMALL, "--trace", "new/"], "names a folder"),
     "predict_trace_is_a_device": (["predict", *SMALL, "--trace", "/dev/null"], "character device"),
-    "compare_out_is_a_missing_folder": (["compare", "--measured", "results.csv", "--out", "nope"], "does not exist"),
-    "compare_out_is_a_regular_file": (["compare", "--measured", "results.csv", "--out", "s.csv"], "does not exist"),
-    "compare_timeline_overlay_into_a_missing_folder": (
-        ["compare", "--timeline", "t.json.gz", "--point", "1f1b,2,4,4x256x1024", "--out", "nope"], "does not exist"),
+    "compare_out_is_a_regular_file": (["compare", "--measured", "results.csv", "--out", "s.csv"], "is not a folder"),
+    "compare_out_under_a_regular_file": (["compare", "--measured", "results.csv", "--out", "s.csv/x"],
+                                         "Not a directory"),
+    "compare_timeline_missing_leaves_no_out_folder_made": (
+        ["compare", "--timeline", "t.json.gz", "--point", "1f1b,2,4,4x256x1024", "--out", "nope/deeper"],
+        "cannot read trace t.json.gz"),
+    "compare_bad_csv_leaves_no_out_folder_made": (["compare", "--measured", "s.csv", "--out", "new/deeper"],
+                                                  "results s.csv"),
     "predict_trace_and_plot_the_same_file": (["predict", *SMALL, "--trace", "x.png", "--plot", "x.png"],
                                              "already another output"),
 }
@@ -331,6 +335,19 @@ def test_compare_writes_both_plots_when_it_can(scratch, capsys):
     status, out, _ = run(main, ["compare", "--measured", "results.csv", "--out", "dir"], capsys)
     assert status == 0 and "plots: " in out
     assert sorted(p.name for p in (scratch / "dir").iterdir()) == ["results-speedups.png", "results-step-times.png"]
+
+
+@pytest.mark.parametrize("out", [None, "new/deeper"])
+def test_compare_writes_its_plots_to_the_current_folder_or_out_made_if_missing_never_beside_the_csv(scratch, capsys,
+                                                                                                    out):
+    (scratch / "data").mkdir()
+    shutil.copy(scratch / "results.csv", scratch / "data" / "results.csv")
+    status, printed, _ = run(main, ["compare", "--measured", "data/results.csv", *(["--out", out] if out else [])],
+                             capsys)
+    folder = scratch / (out or "")
+    assert status == 0 and f"plots: {Path(out or '') / 'results-step-times.png'}" in printed
+    assert (folder / "results-step-times.png").exists() and (folder / "results-speedups.png").exists()
+    assert sorted(p.name for p in (scratch / "data").iterdir()) == ["results.csv"]
 
 
 # --- silent nonsense: accepted without a word, exit 0 ---------------------------------------------------------------

@@ -34,6 +34,16 @@ def _calibrate(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hw", "calibrate", *argv], capture_output=True, text=True, timeout=300)
 
 
+def _hw_here(capsys, *argv: str):
+    """`python -m hw ARGV` run in this process (a refusal: no torch start-up of a subprocess); its status, stderr."""
+    from clirun import run
+
+    from hw.__main__ import main
+
+    status, _, err = run(main, list(argv), capsys)
+    return status, err
+
+
 def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     out = tmp_path / "p.json"
     r = _calibrate("--cpu", "--gpus", "2", "--conv", "--runtimes", "torch", "--out", str(out),
@@ -91,25 +101,25 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert predicted.returncode == 0 and json.loads(predicted.stdout)["step_time_s"] > 0, predicted.stderr
 
 
-def test_calibrate_never_overwrites_without_force(tmp_path):
+def test_calibrate_never_overwrites_without_force(tmp_path, capsys):
     out = tmp_path / "p.json"
     out.write_text("mine")
-    r = _calibrate("--cpu", "--out", str(out))
-    assert r.returncode == 2 and "exists; pass --force" in r.stderr
+    status, err = _hw_here(capsys, "calibrate", "--cpu", "--out", str(out))
+    assert status == 2 and "exists; pass --force" in err
     assert out.read_text() == "mine"
 
 
-def test_calibrate_refuses_a_runtime_it_has_no_calibration_for(tmp_path):
-    r = _calibrate("--cpu", "--runtimes", "tf", "--out", str(tmp_path / "p.json"))
-    assert r.returncode == 2 and "no calibration for runtime(s) tf" in r.stderr and r.stderr.count("\n") == 1
+def test_calibrate_refuses_a_runtime_it_has_no_calibration_for(tmp_path, capsys):
+    status, err = _hw_here(capsys, "calibrate", "--cpu", "--runtimes", "tf", "--out", str(tmp_path / "p.json"))
+    assert status == 2 and "no calibration for runtime(s) tf" in err and err.count("\n") == 1
 
 
-def test_calibrate_without_a_gpu_says_so():
+def test_calibrate_without_a_gpu_says_so(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = _calibrate("--out", "/tmp/never-written.json")
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [
+    status, err = _hw_here(capsys, "calibrate", "--out", str(tmp_path / "never-written.json"))
+    assert status == 2 and not (tmp_path / "never-written.json").exists()
+    assert err.strip().splitlines() == [
         "error: no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run"]
 
 

@@ -101,10 +101,14 @@ def test_the_probes_run_end_to_end_on_the_cpu_and_make_loadable_costs():
     assert from_json(profile.to_json()).runtimes == costs
 
 
-def test_calibrate_names_the_runtimes_it_measures():
-    r = subprocess.run([sys.executable, "-m", "hw", "calibrate", "--cpu", "--runtimes", "nonsense", "--out",
-                        "/tmp/never-written-graphs.json"], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.startswith("error: no calibration for runtime(s) nonsense") and "graphs" in r.stderr
+def test_calibrate_names_the_runtimes_it_measures(tmp_path, capsys):
+    from clirun import run
+
+    from hw.__main__ import main
+
+    status, _, err = run(main, ["calibrate", "--cpu", "--runtimes", "nonsense", "--out", str(tmp_path / "p.json")],
+                         capsys)  # in this process: refused before anything is measured
+    assert status == 2 and err.startswith("error: no calibration for runtime(s) nonsense") and "graphs" in err
 
 
 def test_stage_corrections_make_the_costs_reproduce_the_stages_and_keep_the_backward_split():

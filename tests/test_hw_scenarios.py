@@ -33,12 +33,16 @@ def test_scenario_runs_on_cpu_and_reports_parsims_figures(name, keys, tmp_path):
     assert keys <= measured.keys() and all(v > 0 for v in measured.values())
 
 
-def test_scenario_without_a_gpu_says_so_in_one_line():
+def test_scenario_without_a_gpu_says_so_in_one_line(capsys):
+    from clirun import run
+
+    from hw.__main__ import main
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    result = _hw("scenario", "async")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    status, _, err = run(main, ["scenario", "async"], capsys)  # in this process: refused before any work
+    assert status == 2
+    assert err.strip().splitlines() == [
         "error: no CUDA GPU is visible; run on a GPU machine, or pass --cpu for a smoke test"]
 
 

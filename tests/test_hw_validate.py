@@ -16,6 +16,18 @@ pytest.importorskip("torch")
 from parsim.compare import read_points, repredict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 
+SHIPPED = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"
+
+
+def _hw_here(capsys, *argv: str):
+    """`python -m hw ARGV` run in this process (a refusal: no torch start-up of a subprocess); its status, stderr."""
+    from clirun import run
+
+    from hw.__main__ import main
+
+    status, _, err = run(main, list(argv), capsys)
+    return status, err
+
 
 def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
     out = tmp_path / "v"
@@ -34,25 +46,26 @@ def test_validate_measures_predicts_and_writes_what_compare_reads(tmp_path):
         assert statistics.median(statistics.mean(b) for b in s["steps_s"]) == pytest.approx(p.measured_s)
     assert (out / "profile.json").exists() and (out / "results-speedups.png").exists()
     again = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(out / "results.csv")],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, cwd=tmp_path)  # its plots: into the current folder
     assert again.returncode == 0 and "median |error|" in again.stdout
     assert "at the host speed the probe measured in each turn" in again.stdout
 
 
-def test_validate_refuses_more_gpus_than_the_machine_has():
+def test_validate_refuses_more_gpus_than_the_machine_has(capsys):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--gpus", "2"], capture_output=True, text=True)
-    assert r.returncode == 2 and "needs 2 CUDA GPUs; this machine has 0" in r.stderr
+    status, err = _hw_here(capsys, "validate", "--gpus", "2")
+    assert status == 2 and "needs 2 CUDA GPUs; this machine has 0" in err
 
 
 def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
-    out = tmp_path / "v"
+    out = tmp_path / "v"  # the shipped profile: no calibration (the test above runs validate's own)
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "2", "--data-parallel", "1,2",
                         "--copy-streams", "--schedules", "1f1b", "--microbatches", "2", "--models", "2x16x8",
-                        "--steps", "1", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
+                        "--profile", str(SHIPPED), "--steps", "1", "--warmup", "0", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     points = read_points(out / "results.csv")
     assert sorted((p.data_parallel, p.copy_streams) for p in points) == [(1, False), (1, True), (2, False), (2, True)]
@@ -60,8 +73,7 @@ def test_validate_grid_covers_replicas_and_copy_streams(tmp_path):
 
 
 def test_validate_runs_a_tiny_conv_net_named_by_its_spec(tmp_path):
-    out, spec = tmp_path / "v", "conv:8:4-8:1-2:8"
-    shipped = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"  # kind-level conv, down costs
+    out, spec, shipped = tmp_path / "v", "conv:8:4-8:1-2:8", SHIPPED  # kind-level conv, down costs
     r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--gpus", "2", "--schedules", "gpipe",
                         "--microbatches", "2", "--models", spec, "--profile", str(shipped), "--steps", "1",
                         "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
@@ -74,10 +86,9 @@ def test_validate_runs_a_tiny_conv_net_named_by_its_spec(tmp_path):
     assert again.predicted_s == pytest.approx(point.predicted_s)
 
 
-def test_validate_refuses_a_bad_model_spec_in_one_line():
-    r = subprocess.run([sys.executable, "-m", "hw", "validate", "--cpu", "--models", "2x16x8,conv:8:4"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad model spec 'conv:8:4'" in r.stderr
+def test_validate_refuses_a_bad_model_spec_in_one_line(capsys):
+    status, err = _hw_here(capsys, "validate", "--cpu", "--models", "2x16x8,conv:8:4")
+    assert status == 2 and err.count("\n") == 1 and "bad model spec 'conv:8:4'" in err
 
 
 def test_validate_runs_a_tiny_transformer_with_a_memory_prediction_per_point(tmp_path):

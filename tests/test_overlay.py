@@ -37,12 +37,14 @@ def test_a_trace_without_kernels_or_not_json_gets_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("spec", ["4x256x1024", "conv:8:4-8:1-2:8"])
 def test_compare_timeline_writes_the_overlay_png(tmp_path, spec):
-    trace = _trace(tmp_path / "step.json.gz", [("gemm", 0, 500), ("gemm", 600, 900)])
+    (tmp_path / "traces").mkdir()
+    trace = _trace(tmp_path / "traces" / "step.json.gz", [("gemm", 0, 500), ("gemm", 600, 900)])
     r = subprocess.run([sys.executable, "-m", "parsim", "compare", "--timeline", str(trace), "--point",
-                        f"1f1b,2,4,{spec}", "--gpu", "1"], capture_output=True, text=True)
+                        f"1f1b,2,4,{spec}", "--gpu", "1"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    png = tmp_path / "step-overlay.png"
-    assert png.read_bytes()[:4] == b"\x89PNG" and str(png) in r.stdout
+    png = tmp_path / "step-overlay.png"  # in the current folder, not beside the trace
+    assert png.read_bytes()[:4] == b"\x89PNG" and "timeline: step-overlay.png" in r.stdout
+    assert [p.name for p in (tmp_path / "traces").iterdir()] == ["step.json.gz"]
 
 
 @pytest.mark.parametrize("argv,message", [
