@@ -31,10 +31,11 @@ med = statistics.median
 
 
 def load_trace(path: str) -> dict:
-    """host_trace.py's trace.json, or its gzipped copy (trace.json.gz, as committed)."""
+    """host_trace.py's trace.json, or its compressed copy (trace.json.gz or .xz, as committed)."""
     import gzip
+    import lzma
 
-    opener = gzip.open if path.endswith(".gz") else open
+    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
     with opener(path, "rt") as f:
         return json.load(f)
 

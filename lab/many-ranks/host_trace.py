@@ -3,7 +3,7 @@
     python lab/many-ranks/host_trace.py --out DIR [--cpu] [--model 16x512x4096] [--runtimes hw,torch]
         [--schedules gpipe,1f1b,interleaved-1f1b] [--microbatches 8,32] [--rounds 4] [--steps 3] [--more]
 
-Two processes (hw.run.ranks.spawn: NCCL on GPUs, gloo with --cpu). Every variant below is built once on each rank, then
+--ranks processes (default 2; hw.run.ranks.spawn: NCCL on GPUs, gloo with --cpu). Every variant below is built once on each rank, then
 timed in rounds, one block of each variant per round (so that the host's drift hits them alike): a lead step, then
 `--steps` plain steps (timed only: step = zero_grad + runner.step + sync + barrier, as hw measure times it) and
 `--steps` traced steps. A traced step records on each rank, on the host's clock (perf_counter) and the main thread's
@@ -279,7 +279,7 @@ class Variant:
 def variants_for(rank: int, world: int, device: torch.device, groups: Groups, args) -> list[Variant]:
     """Every variant, built in one order on every rank (process groups are made collectively)."""
     model = model_from_spec(args.model)
-    half = mlp_model(len(model.layers) // 2, model.layers[0].hidden, model.tokens)
+    half = mlp_model(len(model.layers) // world, model.layers[0].hidden, model.tokens)  # one rank's stage
     out: list[Variant] = []
     team = groups(tuple(range(world)))
 
@@ -301,8 +301,8 @@ def variants_for(rank: int, world: int, device: torch.device, groups: Groups, ar
         out.append(Variant(name, rank, device, runtime, schedule, mdl, made, 0, active,
                            team if together else None, gradin, spin=rank in spinners, pin=pin))
 
-    sched, mdl = host_probe(2)
-    pipe("probe:2", "hw", sched, mdl)
+    sched, mdl = host_probe(world)
+    pipe(f"probe:{world}", "hw", sched, mdl)
     sched1, mdl1 = host_probe(1)
     one("probe:1", "hw", sched1, mdl1, (0,))
     one("whole:hw", "hw", gpipe(1, 1), model, (0,))
@@ -439,6 +439,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--more", action="store_true", help="also the order, spin and HW_PIN=same variants")
+    ap.add_argument("--ranks", type=int, default=2, help="pipeline ranks (default 2); a stage is L / ranks layers")
     args = ap.parse_args()
     args.runtimes = args.runtimes.split(",")
     args.schedules = args.schedules.split(",")
@@ -446,7 +447,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    per_rank = spawn(worker, 2, (args,), "cpu" if args.cpu else "cuda", args.timeout, deadline_s=args.timeout * 8)
+    per_rank = spawn(worker, args.ranks, (args,), "cpu" if args.cpu else "cuda", args.timeout, deadline_s=args.timeout * 8)
     record = {"command": " ".join(["python", *sys.argv]), "date": started, "wall_s": time.perf_counter() - t0,
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.node(),
               "cpus": os.cpu_count(), "device": per_rank[0]["device"], "args": {k: v for k, v in vars(args).items()},
