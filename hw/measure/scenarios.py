@@ -14,11 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hw.interfaces.data_parallel import Comparison
 from hw.measure.steps import Config, Job, measure_jobs, on_rank
 from hw.run.ranks import require_gpus
 from hw.timing import sync, sync_all
@@ -28,6 +27,9 @@ from parsim.files import Outputs, json_text, nonfinite_to_null
 from parsim.profile import CpuCosts, GilCosts, Profile
 from parsim.scenarios import COPY_PLACEMENTS, PIPELINE_SCENARIOS, PipelineScenario, copy_figures
 from parsim.schedules import build
+
+if TYPE_CHECKING:  # imported where it runs: DataParallel's experiment needs torch.distributed's DDP
+    from hw.interfaces.data_parallel import Comparison
 
 
 @dataclass(frozen=True)
