@@ -61,8 +61,9 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(lead_cycles)  # longer than queueing the batch takes the host
-        for _ in range(heat):
-            torch.mm(heater, heater)
+        if heater is not None:
+            for _ in range(heat):
+                torch.mm(heater, heater)
         start.record()
         for _ in range(batch):
             fn()

@@ -54,8 +54,8 @@ def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, mi
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64), timeout_s=30, deadline_s=120)
     loss, grads = _reference(MODEL)
     last = schedule.stage_to_rank[-1]
-    assert torch.allclose(results[last]["loss"], loss, rtol=1e-12, atol=0)
-    got = {k: v for r in results for k, v in r["grads"].items()}
+    assert torch.allclose(results[last].loss, loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r.grads.items()}
     assert got.keys() == grads.keys()
     for key, g in grads.items():
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
@@ -70,10 +70,10 @@ def test_conv_pipeline_matches_single_device_on_the_same_microbatches(name, micr
     schedule = build(name, 2, microbatches)
     results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64), timeout_s=30, deadline_s=120)
     loss, grads = _reference(model, microbatches)
-    assert torch.allclose(results[1]["loss"], loss, rtol=1e-12, atol=0)
-    got = {k: v for r in results for k, v in r["grads"].items()}
+    assert torch.allclose(results[1].loss, loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r.grads.items()}
     assert got.keys() == grads.keys()
-    assert set(results[0]["grads"]) == {k for k in grads if int(k.split(".")[0]) < (balance or (2,))[0]}
+    assert set(results[0].grads) == {k for k in grads if int(k.split(".")[0]) < (balance or (2,))[0]}
     for key, g in grads.items():
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
 
@@ -84,11 +84,11 @@ def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ran
     results = spawn(gradient_step_worker, ranks * replicas, (schedule, MODEL, torch.float64, None, replicas),
                     timeout_s=30, deadline_s=120)
     loss, grads = _reference(MODEL)
-    last = [r for r in results if r["loss"] is not None]  # each replica's last stage: the loss of its share
+    last = [r for r in results if r.loss is not None]  # each replica's last stage: the loss of its share
     assert len(last) == replicas
-    assert torch.allclose(sum(r["loss"] for r in last) / replicas, loss, rtol=1e-12, atol=0)
+    assert torch.allclose(sum(r.loss for r in last) / replicas, loss, rtol=1e-12, atol=0)
     for r in results:  # every rank holds its stages' full-batch gradient after the all-reduce
-        for key, g in r["grads"].items():
+        for key, g in r.grads.items():
             assert torch.allclose(g, grads[key], rtol=1e-10, atol=1e-14), key
 
 

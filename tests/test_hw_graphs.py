@@ -168,7 +168,7 @@ def test_pipelines_across_ranks_equal_eager_bit_for_bit():
     for k in range(len(cases)):
         for rank in results:
             eager, graphed = rank[k]
-            assert (eager["loss"] is None) == (graphed["loss"] is None)
-            assert eager["loss"] is None or torch.equal(eager["loss"], graphed["loss"])
-            assert eager["grads"].keys() == graphed["grads"].keys()
-            assert all(torch.equal(g, graphed["grads"][key]) for key, g in eager["grads"].items()), cases[k]
+            assert (eager.loss is None) == (graphed.loss is None)
+            assert eager.loss is None or torch.equal(eager.loss, graphed.loss)
+            assert eager.grads.keys() == graphed.grads.keys()
+            assert all(torch.equal(g, graphed.grads[key]) for key, g in eager.grads.items()), cases[k]

@@ -265,9 +265,9 @@ def test_data_parallel_against_ddp_times_every_point_in_turns_on_gloo():
 
     run = measure((1, 2, 3), "cpu", steps=2, rounds=2, tiny=True, calls=True)
     want = {f"{kind}_{name}_{n}gpus" for kind in ("dp", "ddp") for name in ("text", "mlp") for n in (1, 2, 3)}
-    assert set(run["raw"]) == want and all(len(v) == 4 for v in run["raw"].values())  # 2 steps x 2 rounds
-    assert {f"{k}_s" for k in want} == set(run["figures"]) and all(v > 0 for v in run["figures"].values())
-    assert run["calls"] == {}  # DataParallel's calls are GPU calls: not timed on the CPU
+    assert set(run.raw) == want and all(len(v) == 4 for v in run.raw.values())  # 2 steps x 2 rounds
+    assert {f"{k}_s" for k in want} == set(run.figures) and all(v > 0 for v in run.figures.values())
+    assert run.calls == {}  # DataParallel's calls are GPU calls: not timed on the CPU
 
 
 @pytest.mark.parametrize("call", ["scatter", "parallel_apply", "gather", "broadcast", "reduce_add", "broadcast_chunk",

@@ -44,8 +44,8 @@ def torch_runs(request) -> tuple[int, list[list[dict]]]:
 
 def _torch_worker(rank: int, world: int, device, configs: list[tuple[str, int]], model) -> list[dict]:
     torch.set_num_threads(1)  # ranks share the CI's two cores: idle intra-op threads that spin cost 10x
-    return [{**gradient_step_worker(rank, world, device, TORCH.build(name, world, m), model, torch.float64,
-                                    runtime="torch"),
+    return [{"step": gradient_step_worker(rank, world, device, TORCH.build(name, world, m), model, torch.float64,
+                                          runtime="torch"),
              "program": _recorded_program(rank, device, TORCH.build(name, world, m), model)} for name, m in configs]
 
 
@@ -54,8 +54,8 @@ def test_torchs_runtime_matches_single_device_loss_and_gradients_for_every_class
     loss, grads = _reference(MODEL)
     for k, (name, m) in enumerate(_configs(ranks)):
         last = TORCH.build(name, ranks, m).stage_to_rank[-1]
-        assert torch.allclose(results[last][k]["loss"], loss, rtol=1e-12, atol=0), name
-        got = {key: v for r in results for key, v in r[k]["grads"].items()}
+        assert torch.allclose(results[last][k]["step"].loss, loss, rtol=1e-12, atol=0), name
+        got = {key: v for r in results for key, v in r[k]["step"].grads.items()}
         assert got.keys() == grads.keys(), name
         for key, g in grads.items():
             assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), (name, key)
@@ -301,7 +301,7 @@ def test_a_turns_jobs_take_one_timed_step_each_per_round(monkeypatch):
     out = measure.time_turn(0, torch.device("cpu"), jobs, [None, None], None)
     timed = [("a", "NoneType"), ("b", "NoneType")]
     assert log == timed + timed * 3 + [("a", "ActionTimer"), ("b", "ActionTimer")]
-    assert [len(r["times"]) for r in out] == [3, 3]
+    assert [len(r.times) for r in out] == [3, 3]
 
 
 # --- calibration --------------------------------------------------------------------------------------------------

@@ -257,6 +257,7 @@ def runtime_costs(profile: Profile, base: Profile, names: list[str], fits: dict[
 def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, conv: bool = False,
               transformers: list[Model] | None = None, runtimes: list[str] | tuple[str, ...] = (),
               ) -> tuple[Profile, dict, dict[str, Fit]]:
+    """Measure this machine (the module docstring's steps 1-6): the profile, its raw samples and every fit."""
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     tokens = [64, 256, 1024] if cpu else [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -283,7 +284,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             fits |= {name.replace("host", f"host {kind}", 1): f for name, f in kind_fits.items()}
             progress.update()
         layers, layer_fits = fitted_costs(layer_rows, hosts)
-        stage_rows = stage_probe.stage_samples(device, dtype, hidden, graphed="graphs" in runtimes, steps=3 if cpu else 8)
+        stage_rows = stage_probe.stage_samples(device, dtype, hidden, graphed="graphs" in runtimes,
+                                               steps=3 if cpu else 8)
         layers = stage_probe.stage_corrections(layers, stage_rows)
         progress.update()
         if transformers:
@@ -321,10 +323,10 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     if count >= 2:
         sizes = [1 << k for k in range(12, 29 if not cpu else 21, 2)]
         nvlink, allreduce, gpu_fits, raw = gpu_links(count, "cpu" if cpu else "cuda", sizes)
-        p2p_s = statistics.median(raw["post_s"])
+        p2p_s = statistics.median(raw.post_s)
         links["nvlink"], collectives["allreduce"] = nvlink, allreduce
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
-        samples["gpu_links"] = raw
+        samples["gpu_links"] = dataclasses.asdict(raw)
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"]) \
@@ -345,8 +347,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
 
 
 def resident_comm(device: torch.device, cpu: bool, base: Profile) -> tuple[ResidentComm | None, dict | None]:
-    """Compute's speed beside a waiting kernel (hw.calibrate.resident) and its raw times, on a GPU with Triton; elsewhere the
-    base profile's, carried (None for the times)."""
+    """Compute's speed beside a waiting kernel (hw.calibrate.resident) and its raw times, on a GPU with Triton;
+    elsewhere the base profile's, carried (None for the times)."""
     if cpu:
         return base.resident_comm, None
     try:

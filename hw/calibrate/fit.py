@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -14,6 +15,8 @@ POOR_FIT = 0.15  # a fit whose worst relative residual passes this is reported a
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
+    """seconds ~ fixed_s + work / rate, and how well that fits its samples."""
+
     fixed_s: float
     rate: float
     r2: float
@@ -21,10 +24,11 @@ class Fit:
 
     @property
     def poor(self) -> bool:
+        """Whether the worst relative residual passes POOR_FIT."""
         return self.max_rel_residual > POOR_FIT
 
 
-def fit_affine(work: list[float], seconds: list[float]) -> Fit:
+def fit_affine(work: Sequence[float], seconds: Sequence[float]) -> Fit:
     """seconds ~ fixed_s + work / rate, least squares on relative residuals (sizes span decades)."""
     w, t = np.asarray(work, float), np.asarray(seconds, float)
     if len(w) < 2 or np.any(t <= 0):

@@ -22,21 +22,24 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from scipy.optimize import least_squares
 
-from hw.calibrate.fit import fit_affine
+from hw.calibrate.fit import Fit, fit_affine
 from hw.calibrate.host import host_stage
 from hw.calibrate.stage_probe import LEAD_CYCLES, clear_grads, stage_layers
 from hw.nets.blocks import MlpBlock
-from hw.run.cuda_graphs import graph_maker, local_graph_runner
+from hw.run.cuda_graphs import GraphRunner, graph_maker, local_graph_runner
 from hw.run.observers import HostSpans
 from hw.run.ranks import host_pinned
+from hw.run.stage_runner import StepIO
 from hw.timing import gpu_time_s, sync
-from parsim.profile import Profile, RuntimeCosts
-from parsim.schedules import Op, gpipe
+from parsim.profile import OpCost, Profile, RuntimeCosts
+from parsim.schedules import Action, Op, gpipe
 from parsim.workload import Layer, part_costs
 
 HOST_DEPTHS = (1, 2, 4, 8)
@@ -56,7 +59,9 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
     """Per depth: the median host span of a forward and a backward action, of the step outside its actions and of
     its part before the first action, and of a whole step under one graph per step. Depths take turns, a step each
     per round (the hosts drift)."""
-    probes = []
+    # per depth: its runners (a graph per action, one per step), spans, and the step's outside, before, whole times
+    probes: list[tuple[int, tuple[tuple[GraphRunner, StepIO], tuple[GraphRunner, StepIO]], HostSpans, list[float],
+                       list[float], list[float]]] = []
     for k in HOST_DEPTHS:
         model, schedule = host_stage("mlp", k, 8 * microbatches), gpipe(1, microbatches)
         runners = (local_graph_runner(model, schedule, device, dtype),
@@ -69,7 +74,7 @@ def host_samples(device: torch.device, dtype: torch.dtype, microbatches: int = 1
     sync(device)
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
-            for k, ((runner, io), (whole, whole_io)), spans, outside, before, wholes in probes:
+            for _, ((runner, io), (whole, whole_io)), spans, outside, before, wholes in probes:
                 clear_grads(runner)
                 first, done = FirstStart(spans), len(spans.spans)
                 t0 = time.perf_counter()
@@ -94,7 +99,7 @@ class FirstStart:
     def __init__(self, spans: HostSpans):
         self.spans, self.at = spans, math.nan
 
-    def __call__(self, action, phase: str) -> None:
+    def __call__(self, action: Action, phase: str) -> None:
         if phase == "start" and math.isnan(self.at):
             self.at = time.perf_counter()
         self.spans(action, phase)
@@ -105,27 +110,29 @@ def accumulate_samples(device: torch.device, dtype: torch.dtype, hidden: list[in
     """GPU time of one gradient add over a stage of `layers` MLP blocks of each width: as the graphed runner
     adds (one foreach kernel, replayed as a graph), or, not graphed, as autograd does (`.grad += g`, a kernel per
     parameter tensor)."""
-    rows = []
-    for h in hidden:
-        with torch.device("meta"):  # shapes only: no weights drawn
-            shapes = [p.shape for p in MlpBlock(h).parameters()] * layers
-        accs = [torch.zeros(s, device=device, dtype=dtype) for s in shapes]
-        grads = [torch.full(s, 1e-3, device=device, dtype=dtype) for s in shapes]
-        if graphed:
-            maker = graph_maker(device)
-            maker.warm_up(lambda: torch._foreach_add_(accs, grads))
-            graph = maker.graph("add")
-            graph.capture(lambda: torch._foreach_add_(accs, grads))
-            add = graph.replay
-        else:
-            def add() -> None:
-                for a, g in zip(accs, grads):
-                    a.add_(g)
-        moved = 3 * sum(g.numel() * g.element_size() for g in grads)  # read .grad and g, write .grad
-        rows.append({"hidden": h, "layers": layers, "tensors": len(shapes), "bytes": moved,
-                     "seconds": gpu_time_s(add, device, batch=4, repeat=5, lead_cycles=LEAD_CYCLES)})
-        del accs, grads, add
-    return rows
+    return [_accumulate_sample(device, dtype, h, layers, graphed) for h in hidden]
+
+
+def _accumulate_sample(device: torch.device, dtype: torch.dtype, hidden: int, layers: int, graphed: bool) -> dict:
+    """accumulate_samples' row of one width."""
+    with torch.device("meta"):  # shapes only: no weights drawn
+        shapes = [p.shape for p in MlpBlock(hidden).parameters()] * layers
+    accs = [torch.zeros(s, device=device, dtype=dtype) for s in shapes]
+    grads = [torch.full(s, 1e-3, device=device, dtype=dtype) for s in shapes]
+    add: Callable[[], None]
+    if graphed:
+        maker = graph_maker(device)
+        maker.warm_up(lambda: torch._foreach_add_(accs, grads))
+        graph = maker.graph("add")
+        graph.capture(lambda: torch._foreach_add_(accs, grads))
+        add = graph.replay
+    else:
+        def add() -> None:
+            for a, g in zip(accs, grads, strict=True):
+                a.add_(g)
+    moved = 3 * sum(g.numel() * g.element_size() for g in grads)  # read .grad and g, write .grad
+    return {"hidden": hidden, "layers": layers, "tensors": len(shapes), "bytes": moved,
+            "seconds": gpu_time_s(add, device, batch=4, repeat=5, lead_cycles=LEAD_CYCLES)}
 
 
 def profile_parts(row: dict, profile: Profile) -> dict[str, tuple[float, float]]:
@@ -135,12 +142,13 @@ def profile_parts(row: dict, profile: Profile) -> dict[str, tuple[float, float]]
     costs, flops = part_costs(profile, part), layer.flops_per_token * row["tokens"]
     ops = {"forward": (costs.forward,), "backward": (costs.backward_input, costs.backward_weight)}
 
-    def split(c) -> tuple[float, float]:  # the cost's GPU time at these FLOPs, in its fit's proportions
+    def split(c: OpCost) -> tuple[float, float]:  # the cost's GPU time at these FLOPs, in its fit's proportions
         fit = c.fixed_s + flops / c.flops_per_s
         return c.fixed_s * c.gpu_s(flops) / fit, flops / c.flops_per_s * c.gpu_s(flops) / fit
 
-    parts = {op: tuple(row["layers"] * sum(x) for x in zip(*(split(c) for c in cs))) for op, cs in ops.items()}
-    parts["step"] = tuple(a + b for a, b in zip(parts["forward"], parts["backward"]))
+    parts = {op: tuple(row["layers"] * sum(x) for x in zip(*(split(c) for c in cs), strict=True))
+             for op, cs in ops.items()}
+    parts["step"] = tuple(a + b for a, b in zip(parts["forward"], parts["backward"], strict=True))
     return parts
 
 
@@ -195,7 +203,7 @@ def gpu_ratios(rows: list[dict], profile: Profile) -> dict[str, dict]:
 
 def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: list[dict], eager_per_layer_s: float,
                   p2p_s: float, p2p_carried: bool, ratios: dict[str, dict] | None = None,
-                  ) -> tuple[dict[str, RuntimeCosts], dict, object]:
+                  ) -> tuple[dict[str, RuntimeCosts], dict[str, Fit], Fit]:
     """profile.runtimes["graphs"] and ["graphs-step"] from the samples, the host fits and the add's fit behind them;
     `ratios` (gpu_ratios) price the shapes measured, the scales the others.
 
@@ -212,7 +220,7 @@ def runtime_costs(host_rows: list[dict], scales: dict[str, ScaleFit], add_rows: 
     add = fit_affine([r["bytes"] for r in add_rows], [r["seconds"] for r in add_rows])
     unmeasured = ("p2p_s",) if p2p_carried else ()  # messages: hw's runner's own code, as calibrated for it
 
-    def costs(name: str, **host) -> RuntimeCosts:
+    def costs(name: str, **host: Any) -> RuntimeCosts:
         s = scales[name]
         return RuntimeCosts(**host, gpu_scale=s.flops_scale, gpu_fixed_scale=s.fixed_scale / s.flops_scale,
                             accumulate_s=add.fixed_s, accumulate_Bps=add.rate, gpu_ratios=ratios.get(name, {}))
@@ -230,8 +238,8 @@ def calibrate_graphs(device: torch.device, dtype: torch.dtype, profile: Profile,
                      eager_host: dict[str, float], p2p_carried: bool, rows: list[dict],
                      ) -> tuple[dict[str, RuntimeCosts], dict, dict]:
     """Measure both graphs runtimes on this GPU against `profile` (this calibration's layers and hosts), their
-    stages timed in `rows` (hw.calibrate.stage_probe, graphed): their RuntimeCosts, the raw samples with every fit, and the
-    host fits (calibrate's Fit) to report."""
+    stages timed in `rows` (hw.calibrate.stage_probe, graphed): their RuntimeCosts, the raw samples with every fit,
+    and the host fits (calibrate's Fit) to report."""
     host_rows = host_samples(device, dtype)
     scales = gpu_fits(rows, profile)
     add_rows = accumulate_samples(device, dtype, hidden, stage_layers(device))
@@ -263,7 +271,8 @@ def report_lines(samples: dict) -> list[str]:
                      f"{c['gpu_scale']:.3f} (fit R^2 {fit['r2']:.4f}, worst {fit['max_rel_residual']:.1%}"
                      f"{', POOR FIT' if fit['max_rel_residual'] > 0.05 else ''}), gradient add "
                      f"{c['accumulate_s'] * 1e6:.1f} us + bytes / {c['accumulate_Bps'] / 1e9:.0f} GB/s")
-    lines.append(f"{'hidden':>6} {'tokens':>6} {'saved fwd':>9} {'saved bwd':>9} {'fit err fwd':>11} {'fit err bwd':>11}")
+    lines.append(f"{'hidden':>6} {'tokens':>6} {'saved fwd':>9} {'saved bwd':>9} {'fit err fwd':>11} "
+                 f"{'fit err bwd':>11}")
     for r in samples["gpu"]:
         lines.append(f"{r['hidden']:>6} {r['tokens']:>6} {r['saved_forward']:>9.1%} {r['saved_backward']:>9.1%} "
                      f"{r['fit_error_forward']:>11.1%} {r['fit_error_backward']:>11.1%}")

@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 from hw.calibrate.fit import Fit, fit_affine
+from hw.run.observers import HostSpans
 from hw.run.ranks import host_pinned
+from hw.run.stage_runner import StageRunner, StepIO, local_runner
 from hw.timing import median_s, sync
 from parsim.workload import Layer, Model, mlp_model
 
@@ -42,41 +44,43 @@ def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", mi
     runs a one-stage ZB-H1 step in the same rounds: its forward, input-grad and weight-grad spans (hw's split path:
     forward hooks, a wider autograd.grad, one backward call per weighted module).
     """
-    from hw.run.observers import HostSpans
-    from hw.run.stage_runner import local_runner
     from parsim.schedules import Op, gpipe, zb_h1
 
     stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]
-    probes = []
+    runs: list[tuple[int, Model, StageRunner, StepIO, HostSpans]] = []
     for k, model in stages:
         for schedule in [gpipe(1, microbatches)] + ([zb_h1(1, microbatches)] if split else []):
             runner, io = local_runner(model, schedule, device, dtype)
-            for step in range(3):
+            for _ in range(3):
                 runner.step(io)
-            probes.append((k, model, runner, io, HostSpans()))
+            runs.append((k, model, runner, io, HostSpans()))
     with host_pinned(device, 0):  # as hw measure times its steps
         for _ in range(rounds):
-            for k, model, runner, io, spans in probes:
+            for *_, runner, io, spans in runs:
                 runner.step(io, spans)
     sync(device)
-    rows = []
-    for k, model, runner, io, spans in probes:
+    rows: list[dict] = []
+    for k, model, runner, _, spans in runs:
         if spans.of(Op.BACKWARD_WEIGHT):  # the split probe of the depth just above
             rows[-1]["split_s"] = sum(statistics.median(spans.of(op)) for op in
                                       (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT))
             continue
         rows.append({"layers": k, "forward_s": statistics.median(spans.of(Op.FORWARD)),
                      "backward_s": statistics.median(spans.of(Op.BACKWARD))})
-        if not grad_calls:
-            continue
-        x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
-        y = runner.stages[0](x)
-        g = torch.randn_like(y)
-        rows[-1] |= {"input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
-                                                   device, repeat=10),
-                     "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
-                                                  device, repeat=10)}
+        if grad_calls:
+            rows[-1] |= _grad_calls(runner, model, device, dtype)
     return rows
+
+
+def _grad_calls(runner: StageRunner, model: Model, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Host time of an input-grad alone and of a full backward of the runner's first stage, on 8 rows."""
+    x = torch.randn(8, *model.layers[0].in_shape, device=device, dtype=dtype, requires_grad=True)
+    y = runner.stages[0](x)
+    g = torch.randn_like(y)
+    return {"input_grad_call_s": median_s(lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
+                                          device, repeat=10),
+            "full_grad_call_s": median_s(lambda: torch.autograd.backward(y, g, retain_graph=True),
+                                         device, repeat=10)}
 
 
 def host_costs(rows: list[dict]) -> tuple[dict[str, float], float, dict[str, Fit]]:
@@ -105,8 +109,6 @@ def grad_add_host(device: torch.device, dtype: torch.dtype, rounds: int = GRAD_A
     in, a kernel per parameter tensor (6 per MLP block). Stages of 1-8 tiny blocks (the GPU idle, so a span is the
     host's) take the first backward of a step with .grad cleared and with it kept, in turns, the order swapped each
     round; the per-layer cost is the slope over depth of the medians' difference."""
-    from hw.run.observers import HostSpans
-    from hw.run.stage_runner import local_runner
     from parsim.schedules import Op, gpipe
 
     probes = []

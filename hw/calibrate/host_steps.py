@@ -27,7 +27,7 @@ from scipy.optimize import least_squares
 
 from hw.calibrate.fit import Fit
 from hw.calibrate.host import host_stage
-from hw.measure.steps import Config, Job, measure_turns
+from hw.measure.steps import Config, Job, measure_turns, on_rank
 from parsim.runtimes.torch_pipelining import TORCH
 from parsim.schedules import gpipe
 
@@ -56,11 +56,11 @@ def probe_rows(device: str, dtype: str, with_torch: bool = False, timeout_s: flo
     jobs = probe_jobs(device == "cpu", dtype, with_torch)
     (measured,) = measure_turns([tuple(jobs)], 1, device, timeout_s)
     rows = []
-    for job, (result,) in zip(jobs, measured):
-        s = job.schedule
+    for job, results in zip(jobs, measured, strict=True):
+        s, times = job.schedule, on_rank(results, 0).times
         rows.append({"runtime": job.runtime, "schedule": s.name, "stages": s.num_stages, "microbatches":
                      s.num_microbatches, "layers": len(job.model.layers) // s.num_stages,
-                     "step_s": statistics.median(result["times"]), "steps_s": result["times"]})
+                     "step_s": statistics.median(times), "steps_s": times})
     return rows
 
 

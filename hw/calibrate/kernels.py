@@ -54,20 +54,26 @@ def fit_kernel(work: list[float], seconds: list[float]) -> KernelCost:
 
 def elementwise_cost(device: torch.device, sizes: list[int], repeat: int = 20) -> tuple[KernelCost, list[dict]]:
     """`y = x + 1` over float32 tensors of each size; work is bytes read plus written."""
-    samples = []
-    for n in sizes:
-        x = torch.rand(n, device=device)
-        samples.append({"elements": n, "bytes": 8 * n, "seconds": gpu_time_s(lambda: x + 1, device, 50, repeat)})
+    samples = [{"elements": n, "bytes": 8 * n, "seconds": _elementwise_s(device, n, repeat)} for n in sizes]
     return fit_kernel([s["bytes"] for s in samples], [s["seconds"] for s in samples]), samples
 
 
 def matmul_cost(device: torch.device, sizes: list[int], repeat: int = 10) -> tuple[KernelCost, list[dict]]:
     """x.mm(x) over float32 square matrices of each size; work is 2 n^3 FLOPs."""
-    samples = []
-    for n in sizes:
-        x = torch.rand(n, n, device=device)
-        samples.append({"size": n, "flops": 2.0 * n**3, "seconds": gpu_time_s(lambda: x.mm(x), device, 5, repeat)})
+    samples = [{"size": n, "flops": 2.0 * n**3, "seconds": _matmul_s(device, n, repeat)} for n in sizes]
     return fit_kernel([s["flops"] for s in samples], [s["seconds"] for s in samples]), samples
+
+
+def _elementwise_s(device: torch.device, n: int, repeat: int) -> float:
+    """GPU time of one `y = x + 1` over n float32 elements."""
+    x = torch.rand(n, device=device)
+    return gpu_time_s(lambda: x + 1, device, 50, repeat)
+
+
+def _matmul_s(device: torch.device, n: int, repeat: int) -> float:
+    """GPU time of one float32 n x n matrix product."""
+    x = torch.rand(n, n, device=device)
+    return gpu_time_s(lambda: x.mm(x), device, 5, repeat)
 
 
 def measure_all(device: torch.device, quick: bool = False) -> dict:

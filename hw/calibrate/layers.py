@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from hw.calibrate.fit import Fit, fit_affine
@@ -33,37 +36,44 @@ def layer_samples(device: torch.device, dtype: torch.dtype, layers: list[Layer],
     Timed through LAYER_DEPTH layers of the shape and divided: one layer fed the same input again and
     again keeps it in L2 and ran ~10% faster than the layers of a real step. Where the GPU, not the host, would
     set the pace, the probe runs back to back for SUSTAINED_S first and is timed so, at the clock of a GPU at its
-    power cap (gpu_time_s): a step that keeps the GPU busy runs there, one fresh from idle ran ~10% faster. Layers whose output fits
-    their input are chained, as in a stage; a downsampling block cannot be, so each copy gets its own input.
+    power cap (gpu_time_s): a step that keeps the GPU busy runs there, one fresh from idle ran ~10% faster. Layers
+    whose output fits their input are chained, as in a stage; a downsampling block cannot be, so each copy gets its
+    own input.
     """
     samples = []
     for layer in layers:
         blocks = [LAYER_KINDS[layer.kind](layer.hidden).to(device, dtype) for _ in range(LAYER_DEPTH)]
-        params = [p for b in blocks for p in b.parameters()]
-        chained = layer.in_shape == layer.out_shape
         stack = torch.nn.Sequential(*blocks)
         for n in tokens:
-            xs = [torch.randn(n, *layer.in_shape, device=device, dtype=dtype, requires_grad=True)
-                  for _ in range(1 if chained else LAYER_DEPTH)]
-
-            def forward() -> list[torch.Tensor]:
-                return [stack(xs[0])] if chained else [b(x) for b, x in zip(blocks, xs)]
-
-            ys = forward()
-            gs = [torch.randn_like(y) for y in ys]
-
-            def per_layer(fn) -> float:
-                return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=LEAD_CYCLES,
-                                  sustained_s=SUSTAINED_S) / LAYER_DEPTH
-
-            fwd = per_layer(forward)
-            input_grad = per_layer(lambda: torch.autograd.grad(ys, xs, gs, retain_graph=True))
-            full = per_layer(lambda: torch.autograd.grad(ys, [*xs, *params], gs, retain_graph=True))
-            samples.append({"kind": layer.kind, "key": layer.cost_key, "hidden": layer.hidden, "side": layer.side,
-                            "tokens": n, "flops": layer.flops_per_token * n,
-                            "forward_s": fwd, "backward_input_s": input_grad, "backward_s": full})
+            samples.append(_layer_sample(layer, blocks, stack, n, device, dtype))
             progress.update()
     return samples
+
+
+def _layer_sample(layer: Layer, blocks: list[nn.Module], stack: nn.Sequential, n: int, device: torch.device,
+                  dtype: torch.dtype) -> dict:
+    """layer_samples' row of one shape at n samples: its LAYER_DEPTH `blocks` (`stack` chains them)."""
+    params = [p for b in blocks for p in b.parameters()]
+    chained = layer.in_shape == layer.out_shape
+    xs = [torch.randn(n, *layer.in_shape, device=device, dtype=dtype, requires_grad=True)
+          for _ in range(1 if chained else LAYER_DEPTH)]
+
+    def forward() -> list[torch.Tensor]:
+        return [stack(xs[0])] if chained else [b(x) for b, x in zip(blocks, xs, strict=True)]
+
+    ys = forward()
+    gs = [torch.randn_like(y) for y in ys]
+
+    def per_layer(fn: Callable[[], object]) -> float:
+        return gpu_time_s(fn, device, batch=2, repeat=10, lead_cycles=LEAD_CYCLES,
+                          sustained_s=SUSTAINED_S) / LAYER_DEPTH
+
+    fwd = per_layer(forward)
+    input_grad = per_layer(lambda: torch.autograd.grad(ys, xs, gs, retain_graph=True))
+    full = per_layer(lambda: torch.autograd.grad(ys, [*xs, *params], gs, retain_graph=True))
+    return {"kind": layer.kind, "key": layer.cost_key, "hidden": layer.hidden, "side": layer.side,
+            "tokens": n, "flops": layer.flops_per_token * n,
+            "forward_s": fwd, "backward_input_s": input_grad, "backward_s": full}
 
 
 def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> float:
@@ -107,14 +117,15 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
 
     The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the
-    layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200 MLP blocks ran 12% slower in
-    situ than their fits, conv blocks about 3% (data/validation/h200-2026-11-23-gpu-spans.json).
+    layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200
+    MLP blocks ran 12% slower in situ than their fits, conv blocks about 3%
+    (data/validation/h200-2026-11-23-gpu-spans.json).
     Every layer cost of the family is stretched by its factor; 1 on the CPU. models: a family's model, where
     not IN_STEP_MODELS' (the transformer's comes from --transformer).
     """
     from parsim.workload import stage_costs
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}  # written out with the samples: factor, and where timed the model's times
     for family in sorted({_family(k) for k in costs}):
         if device.type != "cuda":
             out[family] = {"factor": 1.0}
@@ -141,7 +152,8 @@ def stretched(costs: dict[str, LayerCosts], slowdowns: dict[str, dict]) -> dict[
     return out
 
 
-STAGED = {"mlp"}  # families whose costs follow hw's runner's own stages (hw.calibrate.stage_probe): their slowdown is a check
+# families whose costs follow hw's runner's own stages (hw.calibrate.stage_probe): their slowdown is a check
+STAGED = {"mlp"}
 
 
 def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tuple[LayerCosts, dict[str, Fit]]:
@@ -156,7 +168,7 @@ def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tup
              "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
 
     def corrections(op: str) -> tuple[tuple[float, float], ...]:
-        fit, by_flops = fits[op], sorted(zip(flops, seconds[op]))
+        fit, by_flops = fits[op], sorted(zip(flops, seconds[op], strict=True))
         return tuple((w, t / (fit.fixed_s + w / fit.rate)) for w, t in by_flops) if corrected else ()
 
     costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate, corrections(k))
@@ -167,7 +179,8 @@ def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tup
 def fitted_costs(rows: list[dict], host: dict[str, dict]) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:
     """Costs per kind over all its shapes ("conv") and per shape ("conv@64x56"): small kernels run far
     below the large ones' rate. host: per-layer host costs by kind."""
-    costs, fits = {}, {}
+    costs: dict[str, LayerCosts] = {}
+    fits: dict[str, Fit] = {}
     for kind in dict.fromkeys(r["kind"] for r in rows):
         of_kind = [r for r in rows if r["kind"] == kind]
         groups = {kind: of_kind, **{key: [r for r in of_kind if r["key"] == key]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -21,16 +22,18 @@ def copy_links(device: torch.device, sizes: list[int]) -> tuple[dict[str, LinkSp
     for pinned in (True, False):
         for direction in ("h2d", "d2h"):
             name = f"{direction}_{'pinned' if pinned else 'pageable'}"
-            rows = []
-            for n in sizes:
-                host = torch.ones(n, dtype=torch.uint8, pin_memory=pinned and device.type == "cuda")  # touched
-                dev = torch.empty(n, dtype=torch.uint8, device=device)
-                src, dst = (host, dev) if direction == "h2d" else (dev, host)
-                rows.append({"bytes": n, "seconds": median_s(lambda: dst.copy_(src, non_blocking=True), device,
-                                                               repeat=10)})
+            rows = [{"bytes": n, "seconds": _copy_s(device, n, pinned, direction)} for n in sizes]
             fit = fit_affine([r["bytes"] for r in rows], [r["seconds"] for r in rows])
             links[name], fits[name], samples[name] = LinkSpec(fit.fixed_s, fit.rate), fit, rows
     return links, fits, samples
+
+
+def _copy_s(device: torch.device, n: int, pinned: bool, direction: str) -> float:
+    """Median time of one copy of n bytes between (pinned or pageable) host memory and the device."""
+    host = torch.ones(n, dtype=torch.uint8, pin_memory=pinned and device.type == "cuda")  # touched
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    src, dst = (host, dev) if direction == "h2d" else (dev, host)
+    return median_s(lambda: dst.copy_(src, non_blocking=True), device, repeat=10)
 
 
 BESIDE_ROUNDS = 5  # turns of the compute-beside-all-reduce probe's three timings
@@ -86,12 +89,25 @@ def compute_share(beside: dict[str, list[float]]) -> float:
     return min(1.0, max(0.0, (m["beside"] - m["compute"]) / m["allreduce"]))
 
 
-def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -> dict:
+@dataclass(frozen=True)
+class LinkTimings:
+    """Rank 0's raw timings of the links between GPUs (_p2p_worker), sent back pickled; the calibration's samples
+    keep them as a dict."""
+
+    p2p: list[dict[str, float]]  # {"bytes", "seconds"}: a message's one-way time (half a ping-pong's)
+    allreduce: list[dict[str, float]]  # {"bytes", "seconds"}: an all-reduce over every rank
+    post_s: list[float]  # host time of each send and receive action in hw's runner
+    beside: dict[str, list[float]]  # compute, all-reduce and both at once (_allreduce_beside)
+
+
+def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -> LinkTimings:
     """Ping-pong between ranks 0 and 1 (one-way time = half the round trip); all-reduce over all, and beside
     compute."""
     import torch.distributed as dist
 
-    out = {"p2p": [], "allreduce": [], "post_s": _p2p_host_s(rank, device), "beside": _allreduce_beside(device)}
+    post_s, beside = _p2p_host_s(rank, device), _allreduce_beside(device)
+    p2p: list[dict[str, float]] = []
+    allreduce: list[dict[str, float]] = []
     for n in sizes:
         buf = torch.ones(max(n // 4, 1), device=device)
         for k in range(13):
@@ -105,15 +121,15 @@ def _p2p_worker(rank: int, world: int, device: torch.device, sizes: list[int]) -
                 dist.send(buf, 0)
             sync(device)
             if k >= 3 and rank == 0:
-                out["p2p"].append({"bytes": n, "seconds": (time.perf_counter() - t0) / 2})
+                p2p.append({"bytes": n, "seconds": (time.perf_counter() - t0) / 2})
         for k in range(13):
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(buf)
             sync(device)
             if k >= 3 and rank == 0:
-                out["allreduce"].append({"bytes": n, "seconds": time.perf_counter() - t0})
-    return out
+                allreduce.append({"bytes": n, "seconds": time.perf_counter() - t0})
+    return LinkTimings(p2p, allreduce, post_s, beside)
 
 
 def _p2p_host_s(rank: int, device: torch.device) -> list[float]:
@@ -131,31 +147,34 @@ def _p2p_host_s(rank: int, device: torch.device) -> list[float]:
     if rank < 2:
         runner = StageRunner(schedule, rank, stage_modules(model, schedule, rank, device, torch.float32), channels)
         io = split_batch(*make_batch(model, device, torch.float32), m)
-        for k in range(3):
+        for _ in range(3):
             runner.step(io)
             sync(device)
         with host_pinned(device, local_rank(rank)):  # as hw measure times its steps
-            for k in range(5):
+            for _ in range(5):
                 runner.step(io, spans)
                 sync(device)
     dist.barrier()
     return [seconds for _, seconds in spans.spans]
 
 
-def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, CollectiveSpec, dict, dict]:
+def gpu_links(world: int, device: str, sizes: list[int]) -> tuple[LinkSpec, CollectiveSpec, dict[str, Fit],
+                                                                   LinkTimings]:
+    """GPU 0 to 1's messages and the all-reduce over `world` GPUs, fitted to latency + bytes / bandwidth, with
+    compute's share lost beside an all-reduce; their fits and raw timings."""
     from hw.run.ranks import spawn
 
-    raw = spawn(_p2p_worker, world, (sizes,), device, timeout_s=60, deadline_s=300)[0]
+    raw: LinkTimings = spawn(_p2p_worker, world, (sizes,), device, timeout_s=60, deadline_s=300)[0]
 
-    def medians(rows: list[dict]) -> tuple[list[int], list[float]]:
-        by = {}
+    def medians(rows: list[dict[str, float]]) -> tuple[list[float], list[float]]:
+        by: dict[float, list[float]] = {}
         for r in rows:
             by.setdefault(r["bytes"], []).append(r["seconds"])
         return list(by), [statistics.median(v) for v in by.values()]
 
-    p2p = fit_affine(*medians(raw["p2p"]))
-    b, t = medians(raw["allreduce"])
+    p2p = fit_affine(*medians(raw.p2p))
+    b, t = medians(raw.allreduce)
     ring = 2 * (world - 1) / world  # all-reduce time = latency + ring * n / busbw
     ar = fit_affine([ring * x for x in b], t)
     return (LinkSpec(p2p.fixed_s, p2p.rate), CollectiveSpec(ar.fixed_s, ar.rate, compute_share=compute_share(
-            raw["beside"])), {"nvlink": p2p, "allreduce": ar}, raw)
+            raw.beside)), {"nvlink": p2p, "allreduce": ar}, raw)

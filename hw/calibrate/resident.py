@@ -10,6 +10,7 @@ throughout) or 0.5x (gone mid-way); the chunk's time by CUDA events, every point
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 
@@ -23,13 +24,14 @@ WARPS = 16  # 512 threads a CTA (NCCL's run 640; Triton takes a power of two)
 SPANS = (1.5, 0.5)  # the spin's length against the chunk alone
 
 
-def spin_kernel():
-    """A Triton kernel whose CTAs each wait `ns` nanoseconds on the GPU's clock, holding their SM."""
+def spin_kernel() -> Any:
+    """A Triton kernel (a triton.JITFunction, untyped) whose CTAs each wait `ns` nanoseconds on the GPU's clock,
+    holding their SM."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def spin(out_ptr, ns):
+    def spin(out_ptr, ns):  # type: ignore[no-untyped-def]  # Triton reads a kernel's annotations as argument types
         pid = tl.program_id(0)
         start = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64,
                                           is_pure=False, pack=1)
@@ -54,7 +56,7 @@ class Chunk:
         self.net(self.x).backward(self.dy)
 
 
-def timed(chunk: Chunk, spin, ctas: int, spin_ns: int, device: torch.device, side: torch.cuda.Stream,
+def timed(chunk: Chunk, spin: Any, ctas: int, spin_ns: int, device: torch.device, side: torch.cuda.Stream,
           warps: int = WARPS, after: Chunk | None = None) -> float:
     """The chunk's GPU time (s) with a spin of `ctas` CTAs beside it (none if ctas or spin_ns is 0): started ~10 us
     before it, or with `after`, released when that chunk, run first, ends (as torch's receive is)."""
@@ -92,20 +94,23 @@ def measure(device: torch.device, rounds: int = 7) -> tuple[ResidentComm, dict]:
         for k, span in points:
             times[k, span].append(timed(chunk, spin, k, int(alone_s * span * 1e9), device, side))
     alone = statistics.median(times[0, 0.0])
-    rows = [{"ctas": k, "threads": WARPS * 32, "spin_over_chunk": span, "ratio": statistics.median(t) / alone,
-             "samples_s": t} for (k, span), t in times.items() if k]
+    rows: list[dict[str, Any]] = [{"ctas": k, "threads": WARPS * 32, "spin_over_chunk": span,
+                                   "ratio": statistics.median(t) / alone, "samples_s": t}
+                                  for (k, span), t in times.items() if k]
     for row in rows:
         row["rate"] = rate_beside(row["ratio"], row["spin_over_chunk"])
     rate = statistics.median(r["rate"] for r in rows)
-    source = (f"hw.calibrate.resident on {torch.cuda.get_device_name(device)}: chunk h={CHUNK[0]} x {CHUNK[1]} tokens x "
-              f"{CHUNK[2]} blocks, {alone * 1e3:.2f} ms alone; beside {'/'.join(map(str, CTAS))} CTAs of "
+    source = (f"hw.calibrate.resident on {torch.cuda.get_device_name(device)}: chunk h={CHUNK[0]} x {CHUNK[1]} "
+              f"tokens x {CHUNK[2]} blocks, {alone * 1e3:.2f} ms alone; beside {'/'.join(map(str, CTAS))} CTAs of "
               f"{WARPS * 32} threads, {rounds} rounds")
     return (ResidentComm(rate, source),
-            {"chunk": dict(zip(("hidden", "tokens", "blocks"), CHUNK)), "alone_s": times[0, 0.0], "rows": rows})
+            {"chunk": dict(zip(("hidden", "tokens", "blocks"), CHUNK, strict=True)), "alone_s": times[0, 0.0],
+             "rows": rows})
 
 
 def main() -> None:
-    """python -m hw.calibrate.resident OUT.json [ROUNDS]: the probe alone, its section and raw times with their provenance."""
+    """python -m hw.calibrate.resident OUT.json [ROUNDS]: the probe alone, its section and raw times with their
+    provenance."""
     import json
     import sys
     import time

@@ -21,9 +21,9 @@ import torch
 
 from hw.calibrate.layers import SUSTAINED_S
 from hw.run.cuda_graphs import local_graph_runner
-from hw.run.observers import ActionTimer
+from hw.run.observers import ActionTimer, Mark, between
 from hw.run.ranks import release_unused
-from hw.run.stage_runner import local_runner
+from hw.run.stage_runner import StageRunner, StepIO, local_runner
 from hw.timing import duty_lead_s, slowest_issue_s, spin, sync
 from parsim.profile import LayerCosts, OpCost
 from parsim.schedules import Op, gpipe
@@ -39,7 +39,7 @@ def stage_layers(device: torch.device) -> int:
     return CPU_LAYERS if device.type != "cuda" else GPU_LAYERS
 
 
-def clear_grads(runner) -> None:
+def clear_grads(runner: StageRunner) -> None:
     """Every .grad of the runner's stages to None, as a step begins in hw measure."""
     for module in runner.stages.values():
         for p in module.parameters():
@@ -74,8 +74,9 @@ def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], g
             leads = {name: duty_lead_s(timers[name].step_s(), _host_step_s(runner, io, device))
                      for name, (runner, io) in runners.items()}
             for name, (runner, io) in runners.items():
-                if cuda and leads[name] is not None:  # else the fresh timing above stands
-                    timers[name] = _sustained(runner, io, device, leads[name], timers[name].step_s(), steps)
+                lead = leads[name]
+                if cuda and lead is not None:  # else the fresh timing above stands
+                    timers[name] = _sustained(runner, io, device, lead, timers[name].step_s(), steps)
             sync(device)
             row = {"hidden": h, "tokens": n, "layers": layers, "lead_s": leads}
             if graphed:
@@ -88,7 +89,8 @@ def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], g
     return rows
 
 
-def _sustained(runner, io, device: torch.device, lead_s: float, gpu_s: float, steps: int) -> StageSpans:
+def _sustained(runner: StageRunner, io: StepIO, device: torch.device, lead_s: float, gpu_s: float,
+               steps: int) -> StageSpans:
     """`steps` steps timed after SUSTAINED_S of them, each behind a spin of `lead_s`."""
     spans, warm = StageSpans(device), int(np.ceil(SUSTAINED_S / (gpu_s + lead_s)))
     for step in range(warm + steps):
@@ -101,9 +103,11 @@ class StageSpans:
     """A runner's steps timed on the GPU: per action (hw's runners) and whole (one graph per step)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.actions, self.whole = device, ActionTimer(device), []
+        self.device, self.actions = device, ActionTimer(device)
+        self.whole: list[tuple[Mark, Mark]] = []
 
-    def step(self, runner, io, timed: bool) -> None:
+    def step(self, runner: StageRunner, io: StepIO, timed: bool) -> None:
+        """One step of `runner`, its .grad cleared first; timed (per action, or whole) unless not `timed`."""
         clear_grads(runner)
         if not timed:
             runner.step(io)
@@ -123,24 +127,21 @@ class StageSpans:
         """Median GPU time of a step: its actions', or the whole graph's."""
         if self.actions.spans:
             return sum(self.actions_s())
-        return statistics.median(_elapsed(a, b) for a, b in self.whole)
+        return statistics.median(between(a, b) for a, b in self.whole)
 
 
-def _host_step_s(runner, io, device: torch.device) -> float:
+def _host_step_s(runner: StageRunner, io: StepIO, device: torch.device) -> float:
     """The host's slowest time to issue one step of `runner` (opcosts.slowest_issue_s), its grads cleared first."""
     return slowest_issue_s(lambda: runner.step(io), device, setup=lambda: clear_grads(runner))
 
 
-def _mark(device: torch.device):
+def _mark(device: torch.device) -> Mark:
+    """Now: a CUDA event recorded on the current stream, or the host's clock."""
     if device.type != "cuda":
         return time.perf_counter()
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
-
-
-def _elapsed(start, end) -> float:
-    return start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
 
 
 def stage_corrections(costs: dict[str, LayerCosts], rows: list[dict]) -> dict[str, LayerCosts]:

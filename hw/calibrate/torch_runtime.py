@@ -1,11 +1,11 @@
 """The torch runtime's host costs (parsim.profile.RuntimeCosts), measured on one GPU: `hw calibrate --runtimes torch`.
 
 torch's GPipe and 1F1B with one stage, its interleaved 1F1B with two stages on the one rank, and hw's own runner
-step in turns over tiny stages (hw.calibrate.host_steps, which fits each runtime's steps to step_s + actions x action_s +
-layers x per_layer_s). torch's per-layer cost is given against hw's from the same rounds (layer_host = torch's / hw's),
-since the profile's per-layer host costs are hw's runner's, per kind and op. Interleaved 1F1B is not fitted: the
-fit predicts it, as a check. torch's steps are timed unpinned and hw's pinned, as hw measure times each.
-The cost of posting a message takes two ranks: with 2+ GPUs it is timed around torch's own _batch_p2p calls
+step in turns over tiny stages (hw.calibrate.host_steps, which fits each runtime's steps to step_s + actions x
+action_s + layers x per_layer_s). torch's per-layer cost is given against hw's from the same rounds (layer_host =
+torch's / hw's), since the profile's per-layer host costs are hw's runner's, per kind and op. Interleaved 1F1B is
+not fitted: the fit predicts it, as a check. torch's steps are timed unpinned and hw's pinned, as hw measure times
+each. The cost of posting a message takes two ranks: with 2+ GPUs it is timed around torch's own _batch_p2p calls
 (a tiny 1F1B on ranks 0 and 1), else carried from the base profile and listed as unmeasured.
 """
 
@@ -16,6 +16,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from hw.calibrate.fit import Fit
 from hw.calibrate.host import host_stage
@@ -70,11 +71,11 @@ def _p2p_worker(rank: int, world: int, device: torch.device) -> list[float]:
         io = replica_batch(model, schedule, 0, 1, device, torch.float32)
         inner = schedules._batch_p2p
 
-        def timed(ops, desc=None):
+        def timed(p2p_ops: list[dist.P2POp], desc: str | None = None) -> list[dist.Work]:
             t0 = time.perf_counter()
-            works = inner(ops, desc)
-            if ops:
-                spans.append((time.perf_counter() - t0) / len(ops))
+            works = inner(p2p_ops, desc)
+            if p2p_ops:
+                spans.append((time.perf_counter() - t0) / len(p2p_ops))
             return works
 
         for k in range(8):

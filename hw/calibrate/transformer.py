@@ -12,7 +12,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from hw.calibrate.fit import Fit, fit_affine
@@ -24,6 +28,7 @@ from parsim.profile import LayerCosts, OpCost
 from parsim.workload import Decoder, Embedding, Head, Model, TransformerShape, model_from_spec, transformer_model
 
 PROBE_TOKENS = 16384  # tokens per attention probe, and the most per block, embedding or head probe
+TransformerLayer = TypeVar("TransformerLayer", Decoder, Embedding, Head)
 
 
 def parse_models(text: str) -> list[Model]:
@@ -35,7 +40,7 @@ def parse_models(text: str) -> list[Model]:
     return models
 
 
-def distinct(models: list[Model], kind: type) -> list:
+def distinct(models: list[Model], kind: type[TransformerLayer]) -> list[TransformerLayer]:
     """The distinct layers of one kind across the models, in order (the key fixes the shape that is timed)."""
     return list({layer.cost_key if kind is not Decoder else (layer.cost_key, layer.shape.seq): layer
                  for m in models for layer in m.layers if isinstance(layer, kind)}.values())
@@ -47,7 +52,8 @@ def _probe_batches(seq: int, cpu: bool) -> list[int]:
     return [b for b in (1, 2, 4, 8) if b <= most]
 
 
-def _time(fn, device: torch.device, depth: int = 1) -> float:
+def _time(fn: Callable[[], object], device: torch.device, depth: int = 1) -> float:
+    """GPU time of one call of fn (hw.timing.gpu_time_s), per layer of a `depth`-deep chain."""
     return gpu_time_s(fn, device, batch=2, repeat=6, lead_cycles=LEAD_CYCLES) / depth
 
 
@@ -63,27 +69,33 @@ def attention_samples(device: torch.device, dtype: torch.dtype, blocks: list[Dec
         heads = [2, 4] if cpu else sorted({8, 16, 32} | {b.shape.heads for b in blocks})
         for s in seqs:
             for h in heads:
-                shape = TransformerShape("llama", h * d, 1, h, max(h // group, 1), d, 1, s)
-                b = max(1, (64 if cpu else PROBE_TOKENS) // s)
-                q = torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True)
-                k, v = (torch.randn(b, shape.kv_heads, s, d, device=device, dtype=dtype, requires_grad=True)
-                        for _ in range(2))
-                out = attention(q, k, v)
-                g = torch.randn_like(out)
-                flops = Decoder(shape).attention_flops
-                rows.append({"key": f"attention@d{d}", "head_dim": d, "seq": s, "heads": h, "sequences": b,
-                             "forward_flops": flops[0] * b, "backward_flops": flops[1] * b,
-                             "forward_s": _time(lambda: attention(q, k, v), device),
-                             "backward_s": _time(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
-                                                 device)})
+                rows.append(_attention_sample(device, dtype, d, s, h, group, cpu))
                 progress.update()
     return rows
+
+
+def _attention_sample(device: torch.device, dtype: torch.dtype, d: int, s: int, h: int, group: int,
+                      cpu: bool) -> dict:
+    """attention_samples' row of head dim d, sequence length s and h heads (query heads per KV head: group)."""
+    shape = TransformerShape("llama", h * d, 1, h, max(h // group, 1), d, 1, s)
+    b = max(1, (64 if cpu else PROBE_TOKENS) // s)
+    q = torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, shape.kv_heads, s, d, device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    out = attention(q, k, v)
+    g = torch.randn_like(out)
+    flops = Decoder(shape).attention_flops
+    return {"key": f"attention@d{d}", "head_dim": d, "seq": s, "heads": h, "sequences": b,
+            "forward_flops": flops[0] * b, "backward_flops": flops[1] * b,
+            "forward_s": _time(lambda: attention(q, k, v), device),
+            "backward_s": _time(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), device)}
 
 
 def attention_costs(rows: list[dict]) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:
     """Per head dim and overall ("attention"): forward and input-grad fits; no weight-grad (no weights) and no
     host cost (the block's covers it)."""
-    costs, fits = {}, {}
+    costs: dict[str, LayerCosts] = {}
+    fits: dict[str, Fit] = {}
     for key in ["attention", *dict.fromkeys(r["key"] for r in rows)]:
         group = [r for r in rows if key == "attention" or r["key"] == key]
         fwd = fit_affine([r["forward_flops"] for r in group], [r["forward_s"] for r in group])
@@ -96,14 +108,15 @@ def attention_costs(rows: list[dict]) -> tuple[dict[str, LayerCosts], dict[str, 
 
 # --- 2, 3. blocks, embeddings and heads ---------------------------------------------------------------
 
-def _with_grads(params: list[torch.Tensor]) -> None:
+def _with_grads(params: Sequence[torch.Tensor]) -> None:
     """Give every parameter a gradient, so the timed backward accumulates into it as a step's later
     micro-batches do (the first one's gradient is stolen instead: a little cheaper)."""
     for p in params:
         p.grad = torch.zeros_like(p)
 
 
-def layer_samples(device: torch.device, dtype: torch.dtype, layer, cpu: bool, progress: tqdm) -> list[dict]:
+def layer_samples(device: torch.device, dtype: torch.dtype, layer: Decoder | Embedding | Head, cpu: bool,
+                  progress: tqdm) -> list[dict]:
     """GPU time of forward, input-grad and full backward of a block (LAYER_DEPTH chained), an embedding or a
     head with its loss, over 1-8 sequences."""
     depth = LAYER_DEPTH if isinstance(layer, Decoder) else 1
@@ -111,33 +124,41 @@ def layer_samples(device: torch.device, dtype: torch.dtype, layer, cpu: bool, pr
         modules = [transformer_module(layer).to(dtype) for _ in range(depth)]
     stack = torch.nn.Sequential(*modules)
     params = [p for m in modules for p in m.parameters()]
-    t, rows = layer.shape, []
-    for b in _probe_batches(t.seq, cpu):
-        if isinstance(layer, Embedding):
-            x = torch.randint(t.vocab, (b, t.seq), device=device)
-        else:
-            x = torch.randn(b, t.seq, t.hidden, device=device, dtype=dtype, requires_grad=True)
-        targets = torch.randint(t.vocab, (b, t.seq), device=device)
-
-        def forward() -> torch.Tensor:
-            y = stack(x)
-            return lm_loss(y, targets) if isinstance(layer, Head) else y
-
-        y = forward()
-        g = torch.ones_like(y) if isinstance(layer, Head) else torch.randn_like(y)
-        _with_grads(params)
-        row = {"kind": layer.kind, "key": layer.cost_key, "seq": t.seq, "sequences": b,
-               "work": [w * b for w in layer.parts[0].work], "forward_s": _time(forward, device, depth),
-               "backward_s": _time(lambda: torch.autograd.backward(y, g, inputs=params + ([x] if x.is_floating_point()
-                                                                                        else []), retain_graph=True),
-                                   device, depth)}
-        if isinstance(layer, Decoder):
-            row["attention_key"], row["attention_work"] = layer.attention_key, [w * b for w in layer.parts[1].work]
-        row["backward_input_s"] = (_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), device, depth)
-                                   if x.is_floating_point() else 0.0)
-        rows.append(row)
+    rows = []
+    for b in _probe_batches(layer.shape.seq, cpu):
+        rows.append(_layer_sample(device, dtype, layer, stack, params, depth, b))
         progress.update()
     return rows
+
+
+def _layer_sample(device: torch.device, dtype: torch.dtype, layer: Decoder | Embedding | Head, stack: nn.Sequential,
+                  params: list[nn.Parameter], depth: int, b: int) -> dict:
+    """layer_samples' row at b sequences: `stack` holds the layer's `depth` modules, `params` their parameters."""
+    t = layer.shape
+    if isinstance(layer, Embedding):
+        x = torch.randint(t.vocab, (b, t.seq), device=device)
+    else:
+        x = torch.randn(b, t.seq, t.hidden, device=device, dtype=dtype, requires_grad=True)
+    targets = torch.randint(t.vocab, (b, t.seq), device=device)
+
+    def forward() -> torch.Tensor:
+        y = stack(x)
+        return lm_loss(y, targets) if isinstance(layer, Head) else y
+
+    y = forward()
+    g = torch.ones_like(y) if isinstance(layer, Head) else torch.randn_like(y)
+    _with_grads(params)
+    leaf: list[torch.Tensor] = [x] if x.is_floating_point() else []  # token ids take no gradient
+    row: dict[str, Any] = {
+        "kind": layer.kind, "key": layer.cost_key, "seq": t.seq, "sequences": b,
+        "work": [w * b for w in layer.parts[0].work], "forward_s": _time(forward, device, depth),
+        "backward_s": _time(lambda: torch.autograd.backward(y, g, inputs=[*params, *leaf], retain_graph=True),
+                            device, depth)}
+    if isinstance(layer, Decoder):
+        row["attention_key"], row["attention_work"] = layer.attention_key, [w * b for w in layer.parts[1].work]
+    row["backward_input_s"] = (_time(lambda: torch.autograd.grad(y, x, g, retain_graph=True), device, depth)
+                               if x.is_floating_point() else 0.0)
+    return row
 
 
 def layer_costs(rows: list[dict], attention: dict[str, LayerCosts], host: dict[str, dict[str, float]],
@@ -149,7 +170,7 @@ def layer_costs(rows: list[dict], attention: dict[str, LayerCosts], host: dict[s
         of_kind = [r for r in rows if r["kind"] == kind]
         for key in [kind, *dict.fromkeys(r["key"] for r in of_kind)]:
             group = [r for r in of_kind if key == kind or r["key"] == key]
-            ops = {"forward": [], "backward_input": [], "backward_weight": []}
+            ops: dict[str, list[float]] = {"forward": [], "backward_input": [], "backward_weight": []}
             for r in group:
                 core = _attention_s(r, attention) if "attention_work" in r else (0.0, 0.0)
                 ops["forward"].append(max(r["forward_s"] - core[0], 1e-9))
@@ -223,20 +244,22 @@ def calibrate_transformer(models: list[Model], device: torch.device, dtype: torc
                           progress: tqdm) -> tuple[dict[str, LayerCosts], dict[str, Fit], dict]:
     """Every transformer cost key the models need, per shape and per kind, with the fits and raw samples."""
     blocks, embeds, heads = distinct(models, Decoder), distinct(models, Embedding), distinct(models, Head)
-    samples = {"attention": attention_samples(device, dtype, blocks, cpu, progress)}
+    samples: dict[str, Any] = {"attention": attention_samples(device, dtype, blocks, cpu, progress)}
     attention, fits = attention_costs(samples["attention"])
     rows = []
-    for layer in [*blocks, *embeds, *heads]:
+    layers: list[Decoder | Embedding | Head] = [*blocks, *embeds, *heads]
+    for layer in layers:
         rows += layer_samples(device, dtype, layer, cpu, progress)
-    hosts, host_samples = {}, {}
+    hosts: dict[str, dict[str, float]] = {}
+    host_samples: dict[str, dict] = {}
     for variant in dict.fromkeys(b.kind for b in blocks):
         kind_hosts, host_fits, host_samples[variant] = host_costs(device, dtype, variant, 4 if cpu else 16)
         hosts |= kind_hosts  # embed and head: the last variant's probe
         fits |= host_fits
         progress.update()
-    layers, layer_fits = layer_costs(rows, attention, hosts)
+    costs, layer_fits = layer_costs(rows, attention, hosts)
     samples |= {"layers": rows, "host": host_samples}
-    return {**attention, **layers}, fits | layer_fits, samples
+    return {**attention, **costs}, fits | layer_fits, samples
 
 
 def steps(models: list[Model], cpu: bool) -> int:
@@ -253,4 +276,6 @@ def steps(models: list[Model], cpu: bool) -> int:
 def in_step_model(models: list[Model]) -> Model:
     """The first model on at most 2 sequences: what the transformer family's in-step slowdown is timed on."""
     m = models[0]
+    if m.transformer is None:
+        raise ParsimError(f"{m.name} is not a transformer")  # parse_models takes transformers only
     return transformer_model(m.transformer, sum(isinstance(x, Decoder) for x in m.layers), min(m.tokens, 2))

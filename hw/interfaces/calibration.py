@@ -20,24 +20,44 @@ from parsim.profile import GilCosts, Profile, samples_path, save_profile
 from parsim.scenarios.interfaces import HOGWILD_MODEL, LAUNCH_THREADS
 from parsim.sim.gil import wake_cost
 
-QUICK = {"spec": "1x16x8", "duration_s": 0.2, "stream_bytes": 8 << 20, "cpu_rounds": 1,  # --cpu: for tests
-         "window_s": 0.02, "rounds": 2, "holds_s": (0.0, 32e-6), "crowd_holds_s": (32e-6,)}
-FULL = {"spec": HOGWILD_MODEL, "duration_s": RUN_S, "stream_bytes": 64 << 20, "cpu_rounds": ROUNDS,
-        "window_s": WINDOW_S, "rounds": CALIBRATION_ROUNDS, "holds_s": HOLDS_S, "crowd_holds_s": CROWD_HOLDS_S}
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How long and how often the CPU's probes (hw.interfaces.hogwild.cpu_costs) and the GIL's
+    (hw.interfaces.launch_threads.gil_costs) run."""
+
+    spec: str  # the Hogwild step's model
+    duration_s: float  # one Hogwild run
+    stream_bytes: int  # the memory-bandwidth probe's buffer
+    cpu_rounds: int
+    window_s: float  # one GIL timing window
+    rounds: int  # GIL windows per probe
+    holds_s: tuple[float, ...]
+    crowd_holds_s: tuple[float, ...]
+
+
+QUICK = Sizes("1x16x8", 0.2, 8 << 20, 1, 0.02, 2, (0.0, 32e-6), (32e-6,))  # --cpu: for tests
+FULL = Sizes(HOGWILD_MODEL, RUN_S, 64 << 20, ROUNDS, WINDOW_S, CALIBRATION_ROUNDS, HOLDS_S, CROWD_HOLDS_S)
+
+
+def _us(seconds: float | None, spec: str) -> str:
+    """Seconds as microseconds formatted by `spec`; "?" where a cost was not timed."""
+    return "?" if seconds is None else format(seconds * 1e6, spec)
 
 
 def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
+    """Time the CPU's and the GIL's costs here and write them into a copy of `base` at `out`, with the raw samples."""
     size = QUICK if quick else FULL
     device = torch.device("cpu") if quick or not torch.cuda.is_available() else torch.device("cuda", 0)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m hw " + " ".join(sys.argv[1:])
     before = machine()
-    cpu, cpu_raw = cpu_costs(size["spec"], size["duration_s"], size["stream_bytes"], size["cpu_rounds"],
+    cpu, cpu_raw = cpu_costs(size.spec, size.duration_s, size.stream_bytes, size.cpu_rounds,
                              source=f"{before['cpu']}, {command}, {now}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ops on {before['cpu']}"
-    gil, gil_raw = gil_costs(device, size["window_s"], size["rounds"], size["holds_s"],
+    gil, gil_raw = gil_costs(device, size.window_s, size.rounds, size.holds_s,
                              source=f"{name}, torch {torch.__version__}, {command}, {now}",
-                             crowd_holds_s=size["crowd_holds_s"], experiment=LAUNCH_THREADS)
+                             crowd_holds_s=size.crowd_holds_s, experiment=LAUNCH_THREADS)
     profile = dataclasses.replace(base, gil=gil, cpu=cpu)
     meta = {"command": command, "date": now, "torch": torch.__version__, "python": platform.python_version(),
             "device": name, "machine_before": before, "machine_after": machine()}
@@ -48,11 +68,12 @@ def calibrate_interfaces(base: Profile, out: Path, quick: bool) -> int:
           + ", ".join(f"{s * 1e6:.0f} us: {c * 1e6:.1f} us" for s, c in gil.wake)
           + f"; {gil.cores} cores; a thread started and joined in {gil.thread_s * 1e6:.1f} us"
           + (f"; replicate {gil.replicate_module_s * 1e6:.2f} us per module" if gil.replicate_module_s else "")
-          + f"; beyond their launches a module call {gil.module_call_s * 1e6:.1f} us, loss.backward() "
-            f"{gil.backward_call_s * 1e6:.1f} us; a small matmul's launch {gil.matmul_launch_s * 1e6:.1f} us; "
-            f"zero_grad {gil.zero_grad_s * 1e6:.1f} us (+{gil.zero_grad_module_s * 1e6:.2f} a module, "
-            f"+{gil.zero_grad_param_s * 1e6:.2f} a tensor); a small Linear's forward {gil.linear_forward_s * 1e6:.1f} "
-            f"us, its backward nodes {gil.linear_backward_s * 1e6:.1f} us; the loss {gil.loss_s * 1e6:.1f} us")
+          + f"; beyond their launches a module call {_us(gil.module_call_s, '.1f')} us, loss.backward() "
+            f"{_us(gil.backward_call_s, '.1f')} us; a small matmul's launch {_us(gil.matmul_launch_s, '.1f')} us; "
+            f"zero_grad {_us(gil.zero_grad_s, '.1f')} us (+{_us(gil.zero_grad_module_s, '.2f')} a module, "
+            f"+{_us(gil.zero_grad_param_s, '.2f')} a tensor); a small Linear's forward "
+            f"{_us(gil.linear_forward_s, '.1f')} us, its backward nodes {_us(gil.linear_backward_s, '.1f')} us; "
+            f"the loss {_us(gil.loss_s, '.1f')} us")
     print("GIL launch curve (the model's contended launches follow it): "
           + ", ".join(f"{n} threads {s * 1e6:.2f} us" for n, s in gil.launch_curve) + " per launch")
     print(crowd_line(gil, gil_raw))

@@ -17,6 +17,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -81,13 +82,17 @@ def beside(collective: Callable[[], None], compute: Callable[[], None], side: to
 
 
 def forward_backward(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    """A plain step of `model` on x: zero_grad, forward, a sum as the loss, backward."""
     def step() -> None:
         model.zero_grad(set_to_none=True)
         model(x).float().sum().backward()
     return step
 
 
-def dp_step(name: str, n: int, rank_device: torch.device, tiny: bool) -> tuple[Callable[[], None], list]:
+Step = tuple[Callable[[], None], list[torch.device]]  # one training step, and the devices it uses (synced around it)
+
+
+def dp_step(name: str, n: int, rank_device: torch.device, tiny: bool) -> Step:
     """nn.DataParallel over GPUs 0..n-1 (on the CPU: the module itself, as DataParallel does without GPUs), and
     the devices a step uses."""
     model, batch, data = build(name, rank_device, tiny)
@@ -97,7 +102,7 @@ def dp_step(name: str, n: int, rank_device: torch.device, tiny: bool) -> tuple[C
     return forward_backward(wrapped, data(batch)), [torch.device("cuda", d) for d in range(n)]
 
 
-def ddp_step(name: str, n: int, group, rank_device: torch.device, tiny: bool) -> tuple[Callable[[], None], list]:
+def ddp_step(name: str, n: int, group: dist.ProcessGroup | None, rank_device: torch.device, tiny: bool) -> Step:
     """DDP over the first n ranks (25 MiB buckets, its default), each with ceil(batch / n) rows; one rank: the
     module alone."""
     model, batch, data = build(name, rank_device, tiny)
@@ -105,6 +110,13 @@ def ddp_step(name: str, n: int, group, rank_device: torch.device, tiny: bool) ->
         ids = [rank_device.index] if rank_device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids, process_group=group)
     return forward_backward(model, data(math.ceil(batch / n))), [rank_device]
+
+
+def prepared(loss: torch.Tensor | None) -> torch.Tensor:
+    """The loss a probe's prepare() made: one clear error where the probe is called without it."""
+    if loss is None:
+        raise RuntimeError("a backward probe was called before its prepare()")
+    return loss
 
 
 class BackwardProbe:
@@ -119,10 +131,10 @@ class BackwardProbe:
         self.loss: torch.Tensor | None = None
 
     def prepare(self) -> None:
-        self.loss = sum(m(x).sum().to("cuda:0") for m, x in zip(self.models, self.inputs))
+        self.loss = sum(m(x).sum().to("cuda:0") for m, x in zip(self.models, self.inputs, strict=True))
 
     def __call__(self) -> None:
-        self.loss.backward()
+        prepared(self.loss).backward()
         self.loss = None
 
 
@@ -143,11 +155,11 @@ class StepProbe:
         if self.part == "forward":
             self.model(self.x)
         else:
-            self.loss.backward()
+            prepared(self.loss).backward()
             self.loss = None
 
 
-def ddp_probes(device: torch.device, group) -> dict[str, StepProbe]:
+def ddp_probes(device: torch.device, group: dist.ProcessGroup | None) -> dict[str, StepProbe]:
     """DDP's own host costs on one device in a process group of one rank (its hooks, bucket copies and all-reduce
     call run as at any size): a Linear's forward and backward plain and under DDP, and the backward of DDP_LAYERS
     Linears both ways (`_x<DDP_LAYERS>`)."""
@@ -156,7 +168,7 @@ def ddp_probes(device: torch.device, group) -> dict[str, StepProbe]:
         tag = f"_x{layers}" if layers > 1 else ""
         for wrap in ("module", "ddp"):
             torch.manual_seed(0)
-            model = nn.Sequential(*(nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(layers))).to(device)
+            model: nn.Module = nn.Sequential(*(nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(layers))).to(device)
             if wrap == "ddp":
                 ids = [device.index] if device.type == "cuda" else None
                 model = DistributedDataParallel(model, device_ids=ids, process_group=group)
@@ -171,16 +183,19 @@ def ddp_costs(medians: dict[str, float]) -> dict[str, float]:
     less the plain module's (at least 0); {} where they were not timed."""
     names = ("module_forward", "ddp_forward", "module_backward", "ddp_backward", f"module_backward_x{DDP_LAYERS}",
              f"ddp_backward_x{DDP_LAYERS}")
-    at = {name: medians.get(f"call_{name}_1gpus") for name in names}
-    if None in at.values():
-        return {}
+    at: dict[str, float] = {}
+    for name in names:
+        median = medians.get(f"call_{name}_1gpus")
+        if median is None:
+            return {}
+        at[name] = median
     one = at["ddp_backward"] - at["module_backward"]
     many = at[f"ddp_backward_x{DDP_LAYERS}"] - at[f"module_backward_x{DDP_LAYERS}"]
     return {"ddp_forward_s": max(at["ddp_forward"] - at["module_forward"], 0.0), "ddp_backward_s": max(one, 0.0),
             "ddp_param_s": max(many - one, 0.0) / (2 * DDP_LAYERS - 2)}
 
 
-def call_probes(n: int, solo=None) -> dict[str, Callable[[], object]]:
+def call_probes(n: int, solo: dist.ProcessGroup | None = None) -> dict[str, Callable[[], object]]:
     """nn.DataParallel's own calls over GPUs 0..n-1, each on probe tensors and a module of its own (not the
     scenario's models), for what each costs the host: scatter and gather (forward; Gather's backward is a scatter
     too), parallel_apply over identity replicas (its threads' cost, no forward in them), replicate's broadcast of
@@ -194,8 +209,9 @@ def call_probes(n: int, solo=None) -> dict[str, Callable[[], object]]:
     ids = list(range(n))
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH, device="cuda:0")
     if n == 1:
-        return ({"backward": BackwardProbe(1), "scatter": lambda: scatter_kwargs((x,), {}, ids)}
-                | (ddp_probes(torch.device("cuda", 0), solo) if solo is not None else {}))
+        alone: dict[str, Callable[[], object]] = {"backward": BackwardProbe(1),
+                                                  "scatter": lambda: scatter_kwargs((x,), {}, ids)}
+        return alone | (ddp_probes(torch.device("cuda", 0), solo) if solo is not None else {})
     inputs, kwargs = scatter_kwargs((x,), {}, ids)
     replicas = replicate(nn.Identity().to("cuda:0"), ids)
     outputs = [torch.randn(PROBE_ROWS // n, PROBE_WIDTH, device=f"cuda:{d}", requires_grad=True) for d in ids]
@@ -223,14 +239,19 @@ def call_costs(medians: dict[str, float], counts: tuple[int, ...]) -> dict[str, 
         points = []
         for n in counts:
             one, many = at(name, n), at(f"{name}_x{CHUNKS}", n)
-            if one is not None and (not per_chunk or many is not None):
-                points.append((n, max((many - one) / (CHUNKS - 1), 0.0) if per_chunk else one))
+            if one is None:
+                continue
+            if not per_chunk:
+                points.append((n, one))
+            elif many is not None:
+                points.append((n, max((many - one) / (CHUNKS - 1), 0.0)))
         if points:
             out[call] = tuple(points)
     return out
 
 
-def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.device], repeat: int) -> dict:
+def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.device], repeat: int,
+                ) -> dict[str, list[float]]:
     """Each call's host time (the call alone, every GPU synced before it, not timed after it), `repeat` times each,
     the calls taking turns; a call with a prepare() has it run first, untimed."""
     out: dict[str, list[float]] = {name: [] for name in calls}
@@ -246,16 +267,18 @@ def timed_calls(calls: dict[str, Callable[[], object]], devices: list[torch.devi
 
 
 def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...], names: tuple[str, ...],
-           steps: int, rounds: int, tiny: bool, calls: bool = False, launch_s: float = 0.0) -> dict:
+           steps: int, rounds: int, tiny: bool, calls: bool = False, launch_s: float = 0.0) -> dict[str, list[float]]:
     """One rank's part (hw.run.ranks.spawn): every (model, GPU count, interface) point's step times, in turns; with
     calls (GPUs only), DataParallel's calls over each count of 2+ GPUs and a probe's backward over each count too,
-    and on one GPU DDP's own costs and a plain step's (hw.interfaces.step_costs, given an elementwise launch's launch_s: one
-    value of each a round, "plain_<field>"), timed by rank 0 in the same turns."""
+    and on one GPU DDP's own costs and a plain step's (hw.interfaces.step_costs, given an elementwise launch's
+    launch_s: one value of each a round, "plain_<field>"), timed by rank 0 in the same turns. Per point (its figure's
+    name) or call, this rank's times."""
     groups = {n: dist.new_group(list(range(n))) for n in counts if n > 1}  # every rank makes every group
     solo = dist.new_group([0]) if calls else None  # DDP's own costs, timed by rank 0 in a group of its own
     barrier = dist.new_group(backend="gloo")  # waits on the CPU, leaving the GPUs alone
     times: dict[str, list[float]] = {}
-    built: dict[tuple, tuple] = {}  # each point's model, built at its first turn
+    built: dict[tuple[str, str, int], Step] = {}  # each point's model, built at its first turn
+    probes: dict[int, dict[str, Callable[[], object]]] = {}  # each GPU count's call probes, made at their first turn
     probed = [("calls", "probe", n) for n in counts] if calls else []
     for r in range(rounds):
         order = [(kind, name, n) for name in names for n in counts for kind in ("ddp", "dp")] + probed
@@ -263,13 +286,14 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
         for point in order:
             kind, name, n = point
             dist.barrier(group=barrier)
-            got: list[float] | dict = []
+            got: list[float] = []
+            called: dict[str, list[float]] = {}
             if kind == "calls" and rank == 0:
-                if point not in built:
-                    built[point] = call_probes(n, solo)
-                got = timed_calls(built[point], [torch.device("cuda", d) for d in range(n)], steps)
+                if n not in probes:
+                    probes[n] = call_probes(n, solo)
+                called = timed_calls(probes[n], [torch.device("cuda", d) for d in range(n)], steps)
                 if n == 1:  # in the steps' own process and turns: the host drifts between processes and minutes
-                    got |= {f"plain_{k}": [v] for k, v in step_host_costs(device, launch_s, steps).items()}
+                    called |= {f"plain_{k}": [v] for k, v in step_host_costs(device, launch_s, steps).items()}
             elif (kind == "ddp" and rank < n) or (kind == "dp" and rank == 0):
                 if point not in built:
                     built[point] = (ddp_step(name, n, groups.get(n), device, tiny) if kind == "ddp"
@@ -277,7 +301,7 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
                 got = timed_steps(*built[point], steps)
             dist.barrier(group=barrier)
             if kind == "calls":
-                for call, t in (got or {}).items():
+                for call, t in called.items():
                     times.setdefault(call if call.startswith("plain_") else f"call_{call}_{n}gpus", []).extend(t)
             else:
                 times.setdefault(f"{kind}_{name}_{n}gpus", []).extend(got)
@@ -286,11 +310,22 @@ def worker(rank: int, world: int, device: torch.device, counts: tuple[int, ...],
 
 def slowest_steps(per_rank: list[dict[str, list[float]]], key: str) -> list[float]:
     """Step by step, the slowest of the ranks that timed `key` (a step across ranks ends when its last rank's does)."""
-    return [max(step) for step in zip(*(r[key] for r in per_rank if r.get(key)))]
+    return [max(step) for step in zip(*(r[key] for r in per_rank if r.get(key)), strict=False)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """nn.DataParallel against DDP as measure() took them: the scenario's figures, and the costs timed beside."""
+
+    figures: dict[str, float]  # "<dp|ddp>_<model>_<n>gpus_s" -> median step seconds (DDP: its slowest rank's)
+    raw: dict[str, list[float]]  # every point's and call's times, step by step the slowest rank's
+    calls: dict[str, tuple[tuple[int, float], ...]]  # GilCosts.calls (call_costs); {} where not timed
+    ddp: dict[str, float]  # GilCosts' ddp_ fields (ddp_costs); {} where not timed
+    step: dict[str, float]  # GilCosts' plain-step fields (step_host_costs), median over rounds; {} where not timed
 
 
 def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny: bool = False,
-            timeout_s: float = 120.0, calls: bool = False, launch_s: float = 0.0) -> dict:
+            timeout_s: float = 120.0, calls: bool = False, launch_s: float = 0.0) -> Comparison:
     """Every point's median step time (DDP: the slowest rank's step, step by step) and the raw times; with calls
     (on GPUs), DataParallel's calls' median host times by GPU count (`GilCosts.calls`), DDP's own costs
     (`ddp_costs`: GilCosts' ddp_ fields) and a plain step's (`step`: GilCosts' plain-step fields, the median over
@@ -301,7 +336,9 @@ def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny:
     calls = calls and device == "cuda"
     per_rank = spawn(worker, world, (counts, MODELS, steps, rounds, tiny, calls, launch_s), device,
                      timeout_s=timeout_s, deadline_s=600.0)
-    figures, raw, medians = {}, {}, {}
+    figures: dict[str, float] = {}
+    raw: dict[str, list[float]] = {}
+    medians: dict[str, float] = {}
     for key in per_rank[0]:
         slowest = raw[key] = slowest_steps(per_rank, key)
         if key.startswith(("call_", "plain_")):
@@ -309,5 +346,4 @@ def measure(counts: tuple[int, ...], device: str, steps: int, rounds: int, tiny:
         else:
             figures[f"{key}_s"] = statistics.median(slowest)
     step = {k.removeprefix("plain_"): v for k, v in medians.items() if k.startswith("plain_")}
-    return {"figures": figures, "raw": raw, "calls": call_costs(medians, counts), "ddp": ddp_costs(medians),
-            "step": step}
+    return Comparison(figures, raw, call_costs(medians, counts), ddp_costs(medians), step)

@@ -13,7 +13,8 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from multiprocessing.queues import Queue
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing as mp
@@ -57,7 +58,7 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
             raise
         ready.wait(timeout=timeout_s)
         t0 = time.perf_counter()
-        ends = []
+        ends: list[float] = []
         while not ends or ends[-1] - t0 < duration_s:
             job()
             ends.append(time.perf_counter())
@@ -89,7 +90,8 @@ def run_processes(make_job: Callable[[int], Job], processes: int, duration_s: fl
     return [out[r] for r in range(processes)]
 
 
-def _drain(queue) -> list:
+def _drain(queue: Queue[Any]) -> list:
+    """Whatever the workers left in `queue`."""
     out = []
     while not queue.empty():
         out.append(queue.get(timeout=1))
@@ -137,7 +139,7 @@ def hogwild_steps(spec: str, processes: int, duration_s: float) -> dict:
     net, tokens, hidden = shared_model(spec)
     before = [p.detach().clone() for p in net.parameters()]
     per_process = rates(run_processes(hogwild_job(net, tokens, hidden), processes, duration_s))
-    moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, net.parameters()))
+    moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, net.parameters(), strict=True))
     return {"step_s": 1 / sum(per_process), "process_rates": per_process, "params_moved": moved}
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -243,9 +244,11 @@ def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CA
     except Exception as e:  # noqa: BLE001 - the launch costs stand without it; the scenario says what is missing
         print(f"warning: nn.parallel.replicate not timed ({type(e).__name__}: {e})", file=sys.stderr)
         replicate = None
-    costs = GilCosts(launch, thread_cost_s(), None,
-                     wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s)]),
-                     cpu_cores(), replicate, source, **step_host_costs(device, launch),
+    thread_s = thread_cost_s()
+    wake = wake_points(one, [o + paired_extra(times, n=2, hold=h) for o, h in zip(one, holds_s, strict=True)])
+    cores = cpu_cores()
+    plain: dict[str, Any] = step_host_costs(device, launch)  # GilCosts' plain-step fields by name
+    costs = GilCosts(launch, thread_s, None, wake, cores, replicate, source, **plain,
                      handoff_share=switch_share(times[(2, holds_s[0], "probe")]["rounds"]),
                      launch_curve=tuple((n, times[(n, 0.0, "experiment")]["per_launch_s"]) for n in experiment))
     crowd = []
@@ -270,4 +273,5 @@ def paired_extra(times: dict[tuple, dict], n: int, hold: float) -> float:
     """n threads' extra time per launch over one thread's at the same hold, paired round by round (a drift of
     the host moves both), the median over rounds."""
     return statistics.median(b["per_launch_s"] - a["per_launch_s"] for a, b in
-                             zip(times[(1, hold, "probe")]["rounds"], times[(n, hold, "probe")]["rounds"]))
+                             zip(times[(1, hold, "probe")]["rounds"], times[(n, hold, "probe")]["rounds"],
+                                 strict=True))

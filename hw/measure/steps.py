@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,12 +29,14 @@ from tqdm import tqdm
 
 from hw.run.observers import ActionTimer
 from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
-from hw.run.runtimes import job_groups, pins_host, runner_factory
+from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory
 from hw.run.stage_runner import Groups, replica_batch
+from parsim.errors import ParsimError
 from parsim.schedules import Action, Schedule, gpipe
 from parsim.workload import Model, stage_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+Observer = Callable[[Action, str], None]  # called around each action of a step: (action, "start" | "end")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Job:
     config: Config
     data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
     copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
-    runtime: str = "hw"  # what runs the schedule (hw.run.runtimes; the schedule is built by parsim's runtime of that name)
+    runtime: str = "hw"  # what runs the schedule (hw.run.runtimes; parsim's runtime of that name built the schedule)
 
     @property
     def ranks(self) -> int:
@@ -73,19 +76,31 @@ class Job:
 Turn = tuple[Job, ...]  # jobs on the same ranks, timed in turns: one step of each per round
 
 
-def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) -> list[list[dict | None]]:
+@dataclass(frozen=True)
+class RankTiming:
+    """One job's timings on one rank (time_turn), sent back to the parent pickled: what report() reads."""
+
+    times: list[float]  # each timed sample's seconds per step: the mean of its block's steps
+    blocks: list[list[float]]  # each timed sample's steps, seconds
+    per_op: dict[str, float]  # "stage:op" (e.g. "0:F") -> mean seconds of that compute in the per-action timed step
+    timeline: list[tuple[str, float, float]]  # (action, start, end) of each compute in that step (ActionTimer)
+    peak_memory_bytes: int | None  # the job's own peak on the GPU (own_peak); None on the CPU
+    graph_pool_bytes: dict[str, int] | None  # a graphed runner's pool ("reserved", "allocated"); None for others
+
+
+def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) -> list[list[RankTiming | None]]:
     """Time every turn's jobs in this one process group, turn after turn, so a grid pays for start-up once."""
     groups = Groups()
-    out = []
+    out: list[list[RankTiming | None]] = []
     for jobs in tqdm(turns, desc="measuring", file=sys.stderr, disable=rank != 0 or len(turns) < 3):
         made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None
         if rank >= ranks:
-            out.append([None] * len(jobs))
+            out.append([None for _ in jobs])
         else:
             with _step_bar(jobs, rank == 0 and len(turns) < 3) as bar:  # few turns (hw measure): count their steps
-                out.append(time_turn(rank, device, jobs, made, team, bar.update))
+                out.append([*time_turn(rank, device, jobs, made, team, bar.update)])
         release_unused(device)  # the turn's runners, before the next turn's are built
         if world > 1:
             dist.barrier()
@@ -95,9 +110,10 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
 class Stepper:
     """One job's runner on this rank, with its batch: a call runs one training step."""
 
-    def __init__(self, rank: int, device: torch.device, job: Job, made):
+    def __init__(self, rank: int, device: torch.device, job: Job, made: object):
         schedule, model, dtype = job.schedule, job.model, DTYPES[job.config.dtype]
         self.job = job
+        self.runner: Runner
         self.runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
                                                                    job.data_parallel, job.copy_streams)
         self.io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
@@ -107,10 +123,14 @@ class Stepper:
     def resident_bytes(self) -> int:
         """What this job holds between its steps: its weights, their gradients, a graphed runner's pools."""
         tensors = self.params + [p.grad for p in self.params if p.grad is not None]
-        pools = getattr(self.runner, "graph_pool_bytes", None) or {}
+        pools = self.graph_pool_bytes() or {}
         return sum(t.numel() * t.element_size() for t in tensors) + sum(pools.values())
 
-    def __call__(self, observe=None) -> None:
+    def graph_pool_bytes(self) -> dict[str, int] | None:
+        """A graphed runner's pool (hw.run.cuda_graphs.GraphRunner.graph_pool_bytes); None for the others."""
+        return getattr(self.runner, "graph_pool_bytes", None)
+
+    def __call__(self, observe: Observer | None = None) -> None:
         for p in self.params:
             p.grad = None
         self.runner.step(self.io, observe)
@@ -124,8 +144,8 @@ def _step_bar(jobs: Turn, show: bool) -> tqdm:
                 disable=None if show else True)
 
 
-def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
-               stepped: Callable[[], object] = lambda: None) -> list[dict]:
+def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], team: dist.ProcessGroup | None,
+              stepped: Callable[[], object] = lambda: None) -> list[RankTiming]:
     """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
     host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
@@ -144,14 +164,14 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
     (the turn's other runtimes, earlier turns' leftovers) held when it began (allocated then, less its own
     resident bytes), so that one runtime's peak is comparable with a prediction for it alone.
     """
-    steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made)]
+    steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made, strict=True)]
 
     def settle() -> None:
         _sync(device)
         if team is not None:
             dist.barrier(group=team)
 
-    def pinned(stepper: Stepper):
+    def pinned(stepper: Stepper) -> AbstractContextManager[None]:
         return host_pinned(device, local_rank(rank)) if stepper.pinned else contextlib.nullcontext()
 
     for stepper in steppers:
@@ -173,7 +193,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
                 _reset_peak(device)
                 settle()
                 others = _others_bytes(device, stepper)
-                block = []
+                block: list[float] = []
                 for _ in range(paces[k].block):
                     t0 = time.perf_counter()
                     stepper(observe)
@@ -182,7 +202,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
                 blocks[k].append(block)
             peaks[k] = max(peaks[k], own_peak(_peak(device), others))
             stepped()
-    out = []
+    out: list[RankTiming] = []
     for k, stepper in enumerate(steppers):
         timer = ActionTimer(device)
         with pinned(stepper):
@@ -197,10 +217,8 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list, team,
             _profile_one_step(stepper, device, trace_path(config.trace, rank), config.trace_token)
             stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
-        out.append({"times": [statistics.mean(b) for b in blocks[k]], "blocks": blocks[k], "per_op": per_op,
-                    "timeline": timer.timeline(),
-                    "peak_memory_bytes": peaks[k] if device.type == "cuda" else None,
-                    "graph_pool_bytes": getattr(stepper.runner, "graph_pool_bytes", None)})  # a graphed runner's pool
+        out.append(RankTiming([statistics.mean(b) for b in blocks[k]], blocks[k], per_op, timer.timeline(),
+                              peaks[k] if device.type == "cuda" else None, stepper.graph_pool_bytes()))
     return out
 
 
@@ -216,7 +234,7 @@ class Pace:
     block: int
 
 
-def pace(stepper: Stepper, settle: Callable[[], None], team, device: torch.device) -> Pace:
+def pace(stepper: Stepper, settle: Callable[[], None], team: dist.ProcessGroup | None, device: torch.device) -> Pace:
     """The steps that make LEAD_S and BLOCK_S (one at least), from one step timed now; the same on every rank of
     the team (the most any rank asks for), so that their steps stay matched."""
     settle()
@@ -243,15 +261,17 @@ def own_peak(peak_bytes: int, others_bytes: int) -> int:
 
 
 def _reset_peak(device: torch.device) -> None:
+    """Start the device's peak-memory count afresh (on a GPU)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def _peak(device: torch.device) -> int:
+    """The device's peak allocated bytes since the last _reset_peak (0 on the CPU)."""
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
 
-def _killer(rank: int):
+def _killer(rank: int) -> Observer | None:
     """The fault-injection hook of HW_KILL_AT (see hw.run.ranks.kill_point), or None."""
     point = kill_point()
     if point is None or point[0] != rank:
@@ -303,7 +323,7 @@ class ProfilerLabels:
             self.open.pop(action).__exit__(None, None, None)
 
 
-def _profile_one_step(one_step, device: torch.device, path: str, token: str = "") -> None:
+def _profile_one_step(one_step: Stepper, device: torch.device, path: str, token: str = "") -> None:
     """A torch.profiler Chrome trace of one more step, its actions labelled (ProfilerLabels), written to
     staged_trace (moved into place by keep_traces), or without a token, atomically into place."""
     from torch.profiler import ProfilerActivity, profile
@@ -318,12 +338,13 @@ def _profile_one_step(one_step, device: torch.device, path: str, token: str = ""
         os.replace(tmp, path)
 
 
-def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[dict | None]]:
+def measure_jobs(jobs: list[Job], world: int, device: str, timeout_s: float) -> list[list[RankTiming | None]]:
     """Run `jobs` on `world` ranks, one after another; per job, each rank's timings (None on ranks it does not use)."""
     return [results for (results,) in measure_turns([(job,) for job in jobs], world, device, timeout_s)]
 
 
-def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float) -> list[list[list[dict | None]]]:
+def measure_turns(turns: list[Turn], world: int, device: str, timeout_s: float,
+                  ) -> list[list[list[RankTiming | None]]]:
     """Run each turn's jobs in turns (see time_turn) on `world` ranks, turn after turn; per turn, per job, each
     rank's timings (None on ranks it does not use)."""
     if any(len({job.ranks for job in jobs}) != 1 for jobs in turns):
@@ -348,24 +369,33 @@ def baseline_job(model: Model, config: Config) -> Job:
     return Job(gpipe(1, 1), replace(model, balance=None), Config(config.steps, config.warmup, config.dtype))
 
 
-def report(job: Job, results: list[dict | None], baseline: dict, device: str) -> dict:
+def on_rank(results: list[RankTiming | None], rank: int) -> RankTiming:
+    """Rank `rank`'s timings of a job that uses it: one clear error where that rank did not time it."""
+    timing = results[rank]
+    if timing is None:
+        raise ParsimError(f"rank {rank} has no timings of a job that runs on it")
+    return timing
+
+
+def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, device: str) -> dict:
     """The report of one measured job as plain data."""
     schedule, model, config = job.schedule, job.model, job.config
-    times = results[0]["times"]
-    step, base = statistics.median(times), statistics.median(baseline["times"])
+    first = on_rank(results, 0)
+    times = first.times
+    step, base = statistics.median(times), statistics.median(baseline.times)
     per_stage = []
     for s, rank in enumerate(schedule.stage_to_rank):
-        ops = results[rank]["per_op"]
+        timing = on_rank(results, rank)
+        ops = timing.per_op
         split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
         backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
         per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
-                          "peak_memory_bytes": results[rank]["peak_memory_bytes"],
-                          "graph_pool_bytes": results[rank].get("graph_pool_bytes")})
+                          "peak_memory_bytes": timing.peak_memory_bytes, "graph_pool_bytes": timing.graph_pool_bytes})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
-        "step_blocks_s": results[0]["blocks"],  # each timed sample's steps (rank 0's): a sample is their mean
+        "step_blocks_s": first.blocks,  # each timed sample's steps (rank 0's): a sample is their mean
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
-        "timeline": [{"rank": rank, "actions": results[rank]["timeline"]}
+        "timeline": [{"rank": rank, "actions": on_rank(results, rank).timeline}
                      for rank in sorted(set(schedule.stage_to_rank))],
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
                    "runtime": job.runtime,
@@ -385,10 +415,11 @@ def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s
     the report as plain data."""
     job = Job(schedule, model, config, data_parallel, copy_streams, runtime)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
-    return report(job, measured, baseline[0], device)
+    return report(job, measured, on_rank(baseline, 0), device)
 
 
 def _device_name(device: str) -> str:
+    """The GPU's name, or "cpu"."""
     return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
 

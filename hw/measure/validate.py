@@ -14,10 +14,22 @@ import io
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from hw.calibrate.command import RUNTIME_COSTS
-from hw.measure.steps import Config, Job, baseline_job, deadline_s, measure_turns, report, steps_per_job
+from hw.measure.steps import (
+    Config,
+    Job,
+    RankTiming,
+    Turn,
+    baseline_job,
+    deadline_s,
+    measure_turns,
+    on_rank,
+    report,
+    steps_per_job,
+)
 from hw.run.ranks import require_gpus
 from hw.run.runtimes import RUNNERS, check_runs
 from hw.run.teardown import child_env
@@ -29,7 +41,7 @@ from parsim.errors import ParsimError
 from parsim.files import check_output, json_text, write_atomic
 from parsim.hostprobe import probe as host_probe
 from parsim.interrupts import Stopped, note
-from parsim.profile import load_profile
+from parsim.profile import Profile, load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
@@ -68,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=flags.seconds, default=120.0)
 
 
-def _profile(args: argparse.Namespace, out: Path, given, conv: bool = False, transformers: list[str] = (),
-             runtimes: tuple[str, ...] = ()):
+def _profile(args: argparse.Namespace, out: Path, given: Profile | None, conv: bool = False,
+             transformers: Sequence[str] = (), runtimes: tuple[str, ...] = ()) -> tuple[Profile, str]:
     """--profile's (`given`, loaded), or a fresh calibration's (with the conv layers' costs if a model is a conv net,
     the transformer layers' of the transformers' specs, and the host costs of each runtime other than hw's); one
     clear error if it lacks a runtime's costs."""
@@ -129,7 +141,7 @@ def _probe_job(ranks: int, config: Config) -> Job:
     return Job(schedule, model, config)
 
 
-def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -> dict:
+def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s: float) -> dict:
     """One CSV row: the point, its measured median and spread, the host probe's median step in its turn, and
     parsim's prediction."""
     s, model = job.schedule, job.model
@@ -153,14 +165,14 @@ def _row(job: Job, measured: dict, profile, profile_path: str, probe_s: float) -
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
-def _samples(row: dict, measured: dict, probe: dict) -> dict:
+def _samples(row: dict, measured: dict, probe: RankTiming) -> dict:
     """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
     probe, so that other estimators than the median of sample means can be redone offline."""
     keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams")
-    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe["blocks"]}
+    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe.blocks}
 
 
-def _check_cpu_grid(model: Model, turns: list, args: argparse.Namespace) -> None:
+def _check_cpu_grid(model: Model, turns: list[Turn], args: argparse.Namespace) -> None:
     """Refuse a model's grid on the CPU that cannot finish in time (parsim.budget.check_cpu_run): its points, the
     host probe beside each and the one-device baseline, in one process group."""
     if not turns:
@@ -175,6 +187,7 @@ def _check_cpu_grid(model: Model, turns: list, args: argparse.Namespace) -> None
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
+    """The CSV of `rows`: compare's columns first, then validate's own."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
                                                              "runtime", "dtype", "device", "torch", "date", "profile",
@@ -210,6 +223,7 @@ OUTPUT_NAMES = ("results.csv", "summary.json", "profile.json", "profile.samples.
 
 
 def main(args: argparse.Namespace) -> int:
+    """Check the grid's flags, then measure, predict and compare it into --out (removed again if left empty)."""
     gpus, mbs, replicas = args.gpus, args.microbatches, args.data_parallel
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     if not schedules:
@@ -250,8 +264,8 @@ def main(args: argparse.Namespace) -> int:
         raise
 
 
-def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], runtimes: tuple[str, ...],
-              grid: list, device: str, config: Config) -> int:
+def _validate(args: argparse.Namespace, out: Path, given: Profile | None, models: list[Model],
+              runtimes: tuple[str, ...], grid: list[tuple[Model, list[Turn]]], device: str, config: Config) -> int:
     """The grid measured, predicted and compared, into `out`."""
     transformers = [model_spec(m) for m in models if m.transformer is not None]
     profile, profile_path = _profile(args, out, given, any(m.layers[0].kind in ("conv", "down") for m in models),
@@ -262,14 +276,15 @@ def _validate(args: argparse.Namespace, out: Path, given, models: list[Model], r
             continue
         world = max(turn[0].ranks for turn in turns)
         probed = [turn + (_probe_job(turn[0].ranks, config),) for turn in turns]  # the host's speed in each turn
-        *measured, ((baseline, *_),) = measure_turns(probed + [(baseline_job(model, config),)], world, device,
-                                                     args.timeout)
-        for turn, (*results, probe) in zip(turns, measured):
-            probe_s = statistics.median(probe[0]["times"])
-            for job, result in zip(turn, results):
-                measured_job = report(job, result, baseline, device)
+        *measured, (baseline,) = measure_turns(probed + [(baseline_job(model, config),)], world, device,
+                                               args.timeout)
+        for turn, (*results, probe) in zip(turns, measured, strict=True):
+            probe_timing = on_rank(probe, 0)
+            probe_s = statistics.median(probe_timing.times)
+            for job, result in zip(turn, results, strict=True):
+                measured_job = report(job, result, on_rank(baseline, 0), device)
                 rows.append(_row(job, measured_job, profile, profile_path, probe_s))
-                samples.append(_samples(rows[-1], measured_job, probe[0]))
+                samples.append(_samples(rows[-1], measured_job, probe_timing))
         _write_csv(csv_path, rows)
         write_atomic(out / "samples.json", json_text({"points": samples}) + "\n")
     table, plots = compare(csv_path, out, host_profile=profile)

@@ -3,12 +3,14 @@ hw.nets.transformer)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from hw.nets.transformer import lm_loss, transformer_module
-from parsim.workload import Head, Layer, Model, stage_layers
+from parsim.workload import Decoder, Embedding, Head, Layer, Model, stage_layers
 
 
 class MlpBlock(nn.Module):
@@ -60,12 +62,12 @@ class DownBlock(nn.Module):
 LAYER_KINDS = {"mlp": MlpBlock, "conv": ConvBlock, "down": DownBlock}  # each takes the layer's `hidden`
 
 
-def layer_module(layer) -> nn.Module:
+def layer_module(layer: Layer | Decoder | Embedding | Head) -> nn.Module:
     """The module of one parsim layer: an MLP or conv block by its width, a transformer layer by its shape."""
     return LAYER_KINDS[layer.kind](layer.hidden) if isinstance(layer, Layer) else transformer_module(layer)
 
 
-def loss_for(model: Model):
+def loss_for(model: Model) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss on the last stage's output: cross-entropy on a transformer's logits, else mean squared error."""
     return lm_loss if isinstance(model.layers[-1], Head) else F.mse_loss
 

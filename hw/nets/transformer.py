@@ -3,8 +3,11 @@ kind: a Llama or GPT decoder block, the token embedding, and the LM head (whose 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.autograd.function import FunctionCtx
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -23,14 +26,15 @@ class RMSNormFunction(torch.autograd.Function):
     RMSNorm kernels do (torch's composite rms_norm keeps fp32 copies on the CPU, not on a GPU)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.to(_acc(x.dtype))
         rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
         return (xf * rstd).to(x.dtype) * weight
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        # ctx: torch's stubs give FunctionCtx neither saved_tensors nor needs_input_grad, which a backward's has
         x, weight, rstd = ctx.saved_tensors
         normed = x.to(rstd.dtype) * rstd
         grad_x = grad_w = None
@@ -43,6 +47,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm by RMSNormFunction, its weight starting at ones."""
+
     def __init__(self, hidden: int, eps: float = 1e-5):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(hidden)), eps
@@ -73,6 +79,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaBlock(nn.Module):
     """x + Wo attn(rope(Wq h), rope(Wk h), Wv h), h = rmsnorm(x); then x + Wd (silu(Wg h) * Wu h), h = rmsnorm(x):
     parsim's "llama" kind."""
+
+    cos: torch.Tensor  # the rotary tables, buffers (not saved with the weights)
+    sin: torch.Tensor
 
     def __init__(self, t: TransformerShape):
         super().__init__()

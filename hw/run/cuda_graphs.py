@@ -21,19 +21,23 @@ again at each replay, so the CPU tests cover buffers, capture order and gradient
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hw.run.ranks import release_unused
 from hw.run.stage_runner import (
     RECEIVES,
     Deps,
+    LossFn,
+    Made,
     StageRunner,
     StepIO,
+    StepState,
     capture_weighted_outputs,
     make_batch,
     replica_batch,
@@ -43,6 +47,7 @@ from hw.run.stage_runner import (
 )
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
+from parsim.workload import Model
 
 CAPTURE_MODE = "thread_local"  # NCCL's watchdog thread polls its events while a rank captures: only this thread's
 # unsafe calls may break the capture (global mode would fail on the watchdog's)
@@ -85,7 +90,9 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the warm-up's eager memory goes back; the graphs hold their own pool
 
-    def on_side_stream(self):
+    def on_side_stream(self) -> _Joined:
+        """`with`: work on the capture stream, after what the current stream has queued; the current one then waits
+        for it."""
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         return _Joined(self.stream, self.device)
 
@@ -106,7 +113,7 @@ class _Joined:
     def __enter__(self) -> None:
         self.context.__enter__()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.context.__exit__(*exc)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
@@ -157,8 +164,11 @@ class EagerGraphs:
 
 
 class EagerGraph:
-    def __init__(self, label: object, log: list):
-        self.label, self.log, self.fn = label, log, None
+    """One stand-in graph: its captured function, run again at each replay."""
+
+    def __init__(self, label: object, log: list[tuple[str, object]]):
+        self.label, self.log = label, log
+        self.fn: Callable[[], None] | None = None
 
     def capture(self, fn: Callable[[], None]) -> None:
         self.log.append(("capture", self.label))
@@ -166,6 +176,8 @@ class EagerGraph:
         fn()  # as a capture runs the Python once, making the static tensors
 
     def replay(self) -> None:
+        if self.fn is None:
+            raise ParsimError(f"graph {self.label} replayed before it was captured")
         self.log.append(("replay", self.label))
         self.fn()
 
@@ -185,6 +197,14 @@ class Held:
     weighted: list = field(default_factory=list)  # F: (module, output) for I; I: (module, output, grad) for W
 
 
+def held(t: torch.Tensor | None, what: object) -> torch.Tensor:
+    """A tensor an action holds for a later one, which program order guarantees is there: one clear error where
+    it is not."""
+    if t is None:
+        raise ParsimError(f"{what}'s tensor read before the action that makes it ran")
+    return t
+
+
 def io_shapes(io: StepIO) -> tuple:
     """What the graphs are captured for: a batch of other shapes needs new ones."""
     return (tuple(x.shape for x in io.inputs), tuple(y.shape for y in io.targets), io.total_rows, io.stage_shapes,
@@ -194,9 +214,9 @@ def io_shapes(io: StepIO) -> tuple:
 class GraphRunner(StageRunner):
     """Executes one rank's actions as StageRunner does, each compute action a replay of its captured graph."""
 
-    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module], groups: dict,
-                 graphs: GraphMaker, loss_fn=nn.functional.mse_loss, copy_streams: bool = False,
-                 whole_step: bool = False):
+    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
+                 groups: dict[tuple[int, int], dist.ProcessGroup], graphs: GraphMaker,
+                 loss_fn: LossFn = nn.functional.mse_loss, copy_streams: bool = False, whole_step: bool = False):
         super().__init__(schedule, rank, stages, groups, loss_fn, copy_streams=copy_streams)
         if whole_step and any(not a.is_compute for a in schedule.actions[rank]):
             raise ParsimError("one graph per step runs a one-GPU pipeline only: a rank that sends or receives "
@@ -204,7 +224,8 @@ class GraphRunner(StageRunner):
         self.graphs, self.whole_step = graphs, whole_step
         self.params = [p for s in sorted(stages) for p in stages[s].parameters()]
         self.acc: dict[nn.Parameter, torch.Tensor] = {}  # each parameter's gradient of the step: its .grad
-        self.first_grad = {}  # stage -> its first gradient-producing action (B or W): it defines self.acc
+        # stage -> its first gradient-producing action (B or W): it defines self.acc
+        self.first_grad: dict[int, Action] = {}
         for a in schedule.actions[rank]:
             if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
                 self.first_grad.setdefault(a.stage, a)
@@ -254,7 +275,7 @@ class GraphRunner(StageRunner):
             if collecting:
                 gc.enable()
         with torch.no_grad():  # the warm-up (and the stand-in's capture) ran the forwards: batch norm's statistics
-            for b, kept in zip((b for m in self.stages.values() for b in m.buffers()), saved):
+            for b, kept in zip((b for m in self.stages.values() for b in m.buffers()), saved, strict=True):
                 b.copy_(kept)
         self.shapes, self.captures = shapes, self.captures + 1
         self.graph_pool_bytes = self.graphs.pool_bytes()
@@ -285,8 +306,8 @@ class GraphRunner(StageRunner):
         if dep.op in RECEIVES:
             buffer = self.received[dep]
             return lambda: buffer
-        held = self.held[dep]
-        return lambda: held.out
+        kept = self.held[dep]
+        return lambda: held(kept.out, dep)
 
     def _function(self, a: Action, deps: Deps) -> Callable[[], None]:
         """The function a graph captures for action `a`, reading its inputs when it runs."""
@@ -311,16 +332,17 @@ class GraphRunner(StageRunner):
                 y = stage(x)
             h.x, h.out = x, y
             if last:
-                h.loss = self.loss_fn(y, self.targets[i]) * (x.shape[0] / self.total_rows)
+                h.loss = loss = self.loss_fn(y, self.targets[i]) * (x.shape[0] / self.total_rows)
                 if first:
-                    self.loss_sum = h.loss.detach().clone()
+                    self.loss_sum = loss.detach().clone()
                 else:
-                    self.loss_sum.add_(h.loss.detach())
+                    held(self.loss_sum, "the step's loss").add_(loss.detach())
 
         return forward
 
     def _root(self, a: Action, f: Held) -> torch.Tensor:
-        return f.loss if a.stage == self.last else f.out
+        """What a backward of `a` starts from: its forward's loss on the last stage, else its forward's output."""
+        return held(f.loss if a.stage == self.last else f.out, a)
 
     def _backward_fn(self, a: Action, deps: Deps) -> Callable[[], None]:
         """B: the input's gradient, and the weights' added into their accumulators."""
@@ -330,7 +352,8 @@ class GraphRunner(StageRunner):
         first = a == self.first_grad[a.stage]
 
         def backward() -> None:
-            x = [f.x] if f.x.requires_grad else []
+            fx = held(f.x, deps[0])
+            x = [fx] if fx.requires_grad else []
             grads = torch.autograd.grad(self._root(a, f), x + params, grad() if grad else None)
             if x:
                 h.out, grads = grads[0], grads[1:]
@@ -338,10 +361,10 @@ class GraphRunner(StageRunner):
 
         return backward
 
-    def _accumulate(self, params: list[nn.Parameter], grads, first: bool) -> None:
+    def _accumulate(self, params: list[nn.Parameter], grads: Sequence[torch.Tensor], first: bool) -> None:
         """The stage's first gradient action defines the step's gradients; each later one adds into them."""
         if first:
-            self.acc.update(zip(params, _owned(grads)))
+            self.acc.update(zip(params, _owned(grads), strict=True))
         else:
             torch._foreach_add_([self.acc[p] for p in params], list(grads))
 
@@ -352,12 +375,14 @@ class GraphRunner(StageRunner):
 
         def backward_input() -> None:
             captured, f.weighted = f.weighted, []
-            x = [f.x] if f.x.requires_grad else []
+            fx = held(f.x, deps[0])
+            x = [fx] if fx.requires_grad else []
             grads = torch.autograd.grad(self._root(a, f), x + [out for _, out in captured], grad() if grad else None,
                                         retain_graph=True, allow_unused=True)
             if x:
                 h.out, grads = grads[0], grads[1:]
-            h.weighted = [(module, out, g) for (module, out), g in zip(captured, grads) if g is not None]
+            h.weighted = [(module, out, g) for (module, out), g in zip(captured, grads, strict=True)
+                          if g is not None]
 
         return backward_input
 
@@ -367,7 +392,8 @@ class GraphRunner(StageRunner):
 
         def backward_weight() -> None:
             work, i.weighted = i.weighted, []
-            params, grads = [], []
+            params: list[nn.Parameter] = []
+            grads: list[torch.Tensor] = []
             for module, out, g in work:
                 mine = list(module.parameters(recurse=False))
                 grads += torch.autograd.grad(out, mine, g)
@@ -429,33 +455,34 @@ class GraphRunner(StageRunner):
     def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
         return self.received[a]
 
-    def _forward(self, a: Action, deps: Deps, io: StepIO, st) -> None:
+    def _forward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         if deps and deps[0].op in RECEIVES:
             del st.received[deps[0]]  # its message is already in the graph's input buffer
         self.replays[a]()
-        st.outputs[a] = self.held[a].out
+        st.outputs[a] = held(self.held[a].out, a)
 
-    def _backward(self, a: Action, deps: Deps, io: StepIO, st) -> None:
+    def _backward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         if len(deps) > 1 and deps[1].op in RECEIVES:
             del st.received[deps[1]]
         self.replays[a]()
         if self.carried and a.op == Op.BACKWARD and a == self.first_grad[a.stage]:
             self._add_carried(a.stage)
         if a.stage > 0:
-            st.grads[a] = self.held[a].out
+            st.grads[a] = held(self.held[a].out, a)
 
     _backward_input = _backward
 
-    def _backward_weight(self, a: Action, deps: Deps, io: StepIO, st) -> None:
+    def _backward_weight(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         self.replays[a]()
         if self.carried and a == self.first_grad[a.stage]:
             self._add_carried(a.stage)
 
 
-def _owned(grads) -> list[torch.Tensor]:
+def _owned(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The gradients as tensors of their own (a clone where one shares memory with another or is not
     contiguous): later actions add into them in place."""
-    seen, out = set(), []
+    seen: set[int] = set()
+    out: list[torch.Tensor] = []
     for g in grads:
         ptr = g.untyped_storage().data_ptr()
         if ptr in seen or not g.is_contiguous():
@@ -465,7 +492,7 @@ def _owned(grads) -> list[torch.Tensor]:
     return out
 
 
-def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype, made,
+def graphs_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype, made: Made,
                   data_parallel: int = 1, copy_streams: bool = False, whole_step: bool = False,
                   ) -> tuple[GraphRunner, dict[int, nn.Module], int]:
     """hw.run.runtimes' factory for the graphs runtime: this rank's GraphRunner with its graphs captured now, on a
@@ -482,12 +509,14 @@ def graphs_runner(schedule: Schedule, model, rank: int, device: torch.device, dt
     return runner, stages, 0
 
 
-def step_graph_runner(*args, **kwargs) -> tuple[GraphRunner, dict[int, nn.Module], int]:
+def step_graph_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
+                      made: Made, data_parallel: int = 1, copy_streams: bool = False,
+                      ) -> tuple[GraphRunner, dict[int, nn.Module], int]:
     """hw.run.runtimes' factory for one graph per step (one rank, no messages)."""
-    return graphs_runner(*args, **kwargs, whole_step=True)
+    return graphs_runner(schedule, model, rank, device, dtype, made, data_parallel, copy_streams, whole_step=True)
 
 
-def local_graph_runner(model, schedule: Schedule, device: torch.device, dtype: torch.dtype,
+def local_graph_runner(model: Model, schedule: Schedule, device: torch.device, dtype: torch.dtype,
                        whole_step: bool = False) -> tuple[GraphRunner, StepIO]:
     """executor.local_runner's graphed twin: a one-rank schedule's GraphRunner on this device, captured, and its
     batch (calibrate's probes, scripts/graphs_gpu_check.py)."""

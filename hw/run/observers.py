@@ -10,22 +10,39 @@ import torch
 
 from parsim.schedules import Action
 
+Mark = torch.cuda.Event | float  # a point in time: a recorded CUDA event on a GPU, perf_counter's seconds on the CPU
+
+
+def between(start: Mark, end: Mark) -> float:
+    """Seconds from one mark to another of the same kind."""
+    if isinstance(start, float) and isinstance(end, float):
+        return end - start
+    if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+        return start.elapsed_time(end) / 1e3
+    raise TypeError(f"marks of different kinds: {type(start).__name__} and {type(end).__name__}")
+
 
 class ActionTimer:
     """Times each compute action: CUDA events on a GPU (read after the step), wall clock on the CPU."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.open: dict[Action, object] = {}
-        self.spans: list[tuple[Action, object, object]] = []
-        self.first = None  # the first compute's start mark
+        self.open: dict[Action, Mark] = {}
+        self.spans: list[tuple[Action, Mark, Mark]] = []
+        self.first: Mark | None = None  # the first compute's start mark
+
+    def _mark(self) -> Mark:
+        """Now: a CUDA event recorded on the current stream, or the host's clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def __call__(self, action: Action, phase: str) -> None:
         if not action.is_compute:
             return
-        mark = torch.cuda.Event(enable_timing=True) if self.cuda else time.perf_counter()
-        if self.cuda:
-            mark.record()
+        mark = self._mark()
         if phase == "start":
             self.open[action] = mark
             if self.first is None:
@@ -33,21 +50,20 @@ class ActionTimer:
         else:
             self.spans.append((action, self.open.pop(action), mark))
 
-    def _between(self, start, end) -> float:
-        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
-
     def seconds(self) -> dict[tuple[int, str], list[float]]:
         """(stage, op) -> durations; on a GPU call after the device is synchronised."""
         out: dict[tuple[int, str], list[float]] = defaultdict(list)
         for action, start, end in self.spans:
-            out[action.stage, action.op].append(self._between(start, end))
+            out[action.stage, action.op].append(between(start, end))
         return out
 
     def timeline(self) -> list[tuple[str, float, float]]:
         """(action, start, end) of each compute in seconds from the first one's start, in the order they ended: where
         the rank's compute stream waited between them, without a profiler's host overhead."""
-        return [(str(action), self._between(self.first, start), self._between(self.first, end))
-                for action, start, end in self.spans]
+        first = self.first
+        if first is None:  # no compute was timed
+            return []
+        return [(str(action), between(first, start), between(first, end)) for action, start, end in self.spans]
 
 
 class HostSpans:

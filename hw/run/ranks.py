@@ -269,4 +269,6 @@ def as_torchrun_rank(fn: Callable, world: int, args: tuple, device: str, timeout
             pass
     if rank != 0:
         raise SystemExit(0)  # rank 0 reports for everyone
+    if gathered is None:
+        raise ParsimError("rank 0 gathered no results")  # rank 0 always makes the list it gathers into
     return gathered

@@ -15,17 +15,28 @@ The groups a runner gets are made on every rank before its job, as torch needs: 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from hw.run.cuda_graphs import graphs_runner, step_graph_runner
-from hw.run.stage_runner import Groups, replica_batch, replica_groups, replica_runner
+from hw.run.stage_runner import Groups, StepIO, grad_of, replica_batch, replica_groups, replica_runner
 from hw.run.torch_stages import refuse, torch_groups, torch_runner
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Schedule
-from parsim.workload import stage_layers
+from parsim.workload import Model, stage_layers
 
-RunnerFactory = Callable[..., tuple]
+
+class Runner(Protocol):
+    """What runs one rank's part of a training step: hw's runners and torch's."""
+
+    def step(self, io: StepIO, observe: Callable[[Action, str], None] | None = None) -> torch.Tensor | None: ...
+
+
+# (schedule, model, rank, device, dtype, made groups, data_parallel, copy_streams) -> (runner, stages, replica)
+RunnerFactory = Callable[..., tuple[Runner, dict[int, nn.Module], int]]
 
 RUNNERS: dict[str, RunnerFactory] = {"hw": replica_runner, "torch": torch_runner, "graphs": graphs_runner,
                                      "graphs-step": step_graph_runner}
@@ -52,7 +63,7 @@ def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False)
         REFUSALS[runtime](data_parallel, copy_streams)
 
 
-def pins_host(runner) -> bool:
+def pins_host(runner: Runner) -> bool:
     """Whether hw times `runner` with its host thread pinned (its own runners; see the module docstring)."""
     return getattr(runner, "pins_host", True)
 
@@ -68,9 +79,18 @@ def _fail_after(n: int) -> Callable[[Action, str], None]:
     return observe
 
 
-def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model,
+@dataclass(frozen=True)
+class RankGradients:
+    """One rank's result of one pipelined step (gradient_step_worker), sent back to the parent pickled."""
+
+    loss: torch.Tensor | None  # the step's loss on the rank of the last stage (its replica's share), else None
+    grads: dict[str, torch.Tensor]  # each parameter's gradient (averaged over replicas) by global name: "layer.name"
+    replica: int  # the pipeline replica this rank belongs to
+
+
+def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
-                         runtime: str = "hw") -> dict:
+                         runtime: str = "hw") -> RankGradients:
     """One pipelined step run by `runtime` (hw.run.runtimes): this rank's loss (last stage, its replica's share) and
     its parameters' gradients (averaged over replicas) by global name."""
     from hw.run.runtimes import job_groups, runner_factory
@@ -80,7 +100,7 @@ def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: 
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)
-    grads = {f"{layer_ids[s][k]}.{name}": p.grad.cpu()
-             for s, module in stages.items() for k, layer in enumerate(module)
+    grads = {f"{layer_ids[s][k]}.{name}": grad_of(p).cpu()
+             for s, module in stages.items() for k, layer in enumerate(module.children())
              for name, p in layer.named_parameters()}
-    return {"loss": None if loss is None else loss.cpu(), "grads": grads, "replica": replica}
+    return RankGradients(None if loss is None else loss.cpu(), grads, replica)

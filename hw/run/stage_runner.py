@@ -19,7 +19,9 @@ from torch import nn
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
-from parsim.workload import microbatch_tokens, stage_layers
+from parsim.workload import Model, microbatch_tokens, stage_layers
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
 
 
 class Groups:
@@ -44,6 +46,21 @@ def channel_groups(schedule: Schedule, groups: Groups | None = None, offset: int
     return {(a, b): groups((offset + a, offset + b)) for a, b in sorted(transfers(schedule))}
 
 
+def grad_of(t: torch.Tensor) -> torch.Tensor:
+    """`t.grad`, which the caller knows autograd has filled in: one clear error where it has not."""
+    if t.grad is None:
+        raise ParsimError(f"a tensor of shape {tuple(t.shape)} has no gradient where one was computed")
+    return t.grad
+
+
+def posted(work: dist.Work | None) -> dist.Work:
+    """The handle of an asynchronous send, receive or collective (torch returns None only where this rank is not
+    in the call's group, which hw never asks)."""
+    if work is None:
+        raise ParsimError("torch.distributed returned no handle for an asynchronous call of this rank")
+    return work
+
+
 class GradSync:
     """Data parallelism as DDP does it: a stage's gradients in buckets of ~25 MiB (last parameters
     first), each all-reduced over the stage's replicas as soon as its last gradient is final, while
@@ -59,9 +76,13 @@ class GradSync:
                 size = 0
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
-            p.register_post_accumulate_grad_hook(lambda p, b=len(self.buckets) - 1: self._ready(b))
+            p.register_post_accumulate_grad_hook(self._hook(len(self.buckets) - 1))
         self.pending: list[int] | None = None
         self.works: list[tuple[int, torch.Tensor, dist.Work]] = []
+
+    def _hook(self, bucket: int) -> Callable[[torch.Tensor], None]:
+        """The hook a parameter of `bucket` calls once its gradient is accumulated."""
+        return lambda _: self._ready(bucket)
 
     def arm(self) -> None:
         """The next gradient each parameter accumulates is its last of the step."""
@@ -72,16 +93,18 @@ class GradSync:
             return
         self.pending[bucket] -= 1
         if self.pending[bucket] == 0:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[bucket]])
-            self.works.append((bucket, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+            flat = torch.cat([grad_of(p).reshape(-1) for p in self.buckets[bucket]])
+            self.works.append((bucket, flat, posted(dist.all_reduce(flat, group=self.group, async_op=True))))
 
     def finish(self) -> None:
+        """Wait for every bucket's all-reduce and put the averaged gradients back into .grad."""
         for bucket, flat, work in self.works:
             work.wait()
             flat /= self.replicas
             at = 0
             for p in self.buckets[bucket]:
-                p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                grad = grad_of(p)
+                grad.copy_(flat[at:at + p.numel()].view_as(grad))
                 at += p.numel()
         self.pending, self.works = None, []
 
@@ -110,7 +133,8 @@ class StepIO:
     dtype: torch.dtype | None = None  # of the messages between stages; None: the input's (not token ids')
 
     def message_like(self, a: Action) -> torch.Tensor:
-        """A buffer for receive `a`: stage s-1's output for RECV_F(s), the gradient of stage s's output for RECV_B(s)."""
+        """A buffer for receive `a`: stage s-1's output for RECV_F(s), the gradient of stage s's output for
+        RECV_B(s)."""
         x = self.inputs[a.microbatch]
         if not self.stage_shapes:
             return torch.empty_like(x, dtype=self.dtype)
@@ -120,12 +144,14 @@ class StepIO:
 
 def split_batch(x: torch.Tensor, y: torch.Tensor, microbatches: int,
                 stage_shapes: tuple[tuple[int, ...], ...] = (), dtype: torch.dtype | None = None) -> StepIO:
+    """The batch (inputs x, targets y) as `microbatches` equal micro-batches; one clear error where it does not
+    split."""
     if x.shape[0] % microbatches:
         raise ParsimError(f"a batch of {x.shape[0]} rows does not split into {microbatches} equal micro-batches")
     return StepIO(list(x.chunk(microbatches)), list(y.chunk(microbatches)), x.shape[0], stage_shapes, dtype)
 
 
-def stage_shapes(model, num_stages: int) -> tuple[tuple[int, ...], ...]:
+def stage_shapes(model: Model, num_stages: int) -> tuple[tuple[int, ...], ...]:
     """One sample of each stage's output under the model's split: what crosses each stage boundary."""
     return tuple(model.layers[layers[-1]].out_shape for layers in stage_layers(model, num_stages))
 
@@ -158,7 +184,7 @@ class StageRunner:
     """Executes one rank's actions for the stages it hosts."""
 
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
-                 groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn=nn.functional.mse_loss,
+                 groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn: LossFn = nn.functional.mse_loss,
                  offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False):
         """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism);
         copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU)."""
@@ -166,7 +192,8 @@ class StageRunner:
         on_gpu = any(p.is_cuda for m in stages.values() for p in m.parameters())
         self.copy_stream = torch.cuda.Stream() if copy_streams and on_gpu else None
         self.offset, self.grad_sync = offset, grad_sync or {}
-        self.last_grad_action = {a.stage: a for a in schedule.actions[rank] if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
+        self.last_grad_action = {a.stage: a for a in schedule.actions[rank]
+                                 if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
         waits = data_waits(schedule, rank)
@@ -226,7 +253,7 @@ class StageRunner:
         peer, group = self._peer_group(a)
         buf = self._receive_buffer(a, io)
         with self._message_stream():
-            st.received[a] = (buf, dist.irecv(buf, src=self.offset + peer, group=group))
+            st.received[a] = (buf, posted(dist.irecv(buf, src=self.offset + peer, group=group)))
 
     def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
         """Where receive `a` lands: a new buffer each step (a graphed runner has static ones)."""
@@ -251,7 +278,7 @@ class StageRunner:
         peer, group = self._peer_group(a)
         tensor = self._handed(deps[0], st).contiguous()
         with self._message_stream(after=tensor):
-            st.sends.append(dist.isend(tensor, dst=self.offset + peer, group=group))
+            st.sends.append(posted(dist.isend(tensor, dst=self.offset + peer, group=group)))
 
     def _forward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         """The stage on the previous stage's output, or on the batch on stage 0 (no deps); the loss on the last."""
@@ -277,7 +304,7 @@ class StageRunner:
         x, y = st.inputs.pop(deps[0]), st.outputs.pop(deps[0])
         torch.autograd.backward(y, self._output_grad(deps, st))
         if a.stage > 0:
-            st.grads[a] = x.grad
+            st.grads[a] = grad_of(x)
 
     def _backward_input(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         """I: gradients of the stage's input and of each weighted module's output, no weight gradient.
@@ -292,7 +319,8 @@ class StageRunner:
         grads = torch.autograd.grad(y, wanted, self._output_grad(deps, st), retain_graph=True, allow_unused=True)
         if x.requires_grad:
             st.grads[a], grads = grads[0], grads[1:]
-        st.weight_work[a] = [(module, out, g) for (module, out), g in zip(captured, grads) if g is not None]
+        st.weight_work[a] = [(module, out, g) for (module, out), g in zip(captured, grads, strict=True)
+                             if g is not None]
 
     def _backward_weight(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         """W: each weighted module's parameter gradients, from its output gradient that I (deps[0]) kept."""
@@ -304,7 +332,10 @@ class StageRunner:
 def capture_weighted_outputs(stage: nn.Module) -> Iterator[list[tuple[nn.Module, torch.Tensor]]]:
     """While open, record (module, output) for every module of `stage` that owns parameters."""
     captured: list[tuple[nn.Module, torch.Tensor]] = []
-    handles = [m.register_forward_hook(lambda mod, _, out: captured.append((mod, out)))
+    def keep(module: nn.Module, _: object, out: torch.Tensor) -> None:
+        captured.append((module, out))
+
+    handles = [m.register_forward_hook(keep)
                for m in stage.modules() if next(m.parameters(recurse=False), None) is not None]
     try:
         yield captured
@@ -313,7 +344,7 @@ def capture_weighted_outputs(stage: nn.Module) -> Iterator[list[tuple[nn.Module,
             h.remove()
 
 
-def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dtype: torch.dtype,
+def stage_modules(model: Model, schedule: Schedule, rank: int, device: torch.device, dtype: torch.dtype,
                   seed: int = 0) -> dict[int, nn.Module]:
     """The stages this rank hosts, with the weights every rank (and the reference) draws from `seed`."""
     from hw.nets.blocks import build_stage
@@ -322,7 +353,8 @@ def stage_modules(model, schedule: Schedule, rank: int, device: torch.device, dt
             for s, owner in enumerate(schedule.stage_to_rank) if owner == rank}
 
 
-def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(model: Model, device: torch.device, dtype: torch.dtype, seed: int = 1,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random inputs and targets, the same on every rank: (tokens, hidden) for an MLP stack, (images, C, S, S)
     for a conv net (the first layer's input, the last layer's output); token ids (sequences, seq) into a
     transformer's embedding and out of its head."""
@@ -335,7 +367,8 @@ def make_batch(model, device: torch.device, dtype: torch.dtype, seed: int = 1) -
     return x.to(device), y.to(device)
 
 
-def local_runner(model, schedule: Schedule, device: torch.device, dtype: torch.dtype) -> tuple[StageRunner, StepIO]:
+def local_runner(model: Model, schedule: Schedule, device: torch.device, dtype: torch.dtype,
+                 ) -> tuple[StageRunner, StepIO]:
     """A one-rank schedule's runner, with every stage on this one device, and its batch: a step timed in this
     process, with no process group (calibrate's probes, the diagnostic scripts). Its modules are runner.stages."""
     from hw.nets.blocks import loss_for
@@ -354,11 +387,12 @@ def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -
     ranks r*P ..). Every process makes them all, in one order, whether it takes part or not."""
     p = schedule.num_ranks
     channels = [channel_groups(schedule, groups, r * p) for r in range(data_parallel)]
-    replicas = {q: groups(tuple(q + r * p for r in range(data_parallel))) for q in range(p)} if data_parallel > 1 else {}
+    replicas = ({q: groups(tuple(q + r * p for r in range(data_parallel))) for q in range(p)} if data_parallel > 1
+                else {})
     return channels, replicas
 
 
-def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype,
+def replica_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
                    made: Made, data_parallel: int = 1, copy_streams: bool = False,
                    ) -> tuple[StageRunner, dict[int, nn.Module], int]:
     """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets."""
@@ -373,7 +407,7 @@ def replica_runner(schedule: Schedule, model, rank: int, device: torch.device, d
     return runner, stages, replica
 
 
-def replica_batch(model, schedule: Schedule, replica: int, data_parallel: int, device: torch.device,
+def replica_batch(model: Model, schedule: Schedule, replica: int, data_parallel: int, device: torch.device,
                   dtype: torch.dtype) -> StepIO:
     """The replica's equal share of the batch, split into the schedule's micro-batches."""
     microbatch_tokens(model, schedule.num_microbatches, data_parallel)  # the batch splits evenly, or one clear error

@@ -8,6 +8,7 @@ what waits on what, the host's loop) is torch's own, which is what parsim.runtim
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from hw.run.stage_runner import Groups, StepIO, stage_modules
 from parsim.errors import ParsimError
 from parsim.runtimes.torch_pipelining import CLASSES
 from parsim.schedules import Action, Op, Schedule, act
+from parsim.workload import Model
 
 Observe = Callable[[Action, str], None]
 
@@ -55,7 +57,7 @@ class TorchRunner:
 
     def _whole(self, io: StepIO) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole batch, as torch's step takes it (it splits it itself); joined once per StepIO."""
-        if io is not self._io:
+        if io is not self._io or self._batch is None:
             self._io, self._batch = io, (torch.cat(io.inputs), torch.cat(io.targets))
             self.total_rows = io.total_rows
         return self._batch
@@ -80,10 +82,10 @@ class TorchRunner:
 def _observe_computes(stage: PipelineStage, runner: TorchRunner) -> None:
     """Wrap the stage's forward_one_chunk, backward_one_chunk and backward_weight_one_chunk so that each calls
     runner.observe around it, named as parsim names the action (F, B or I, W; stage; micro-batch)."""
-    def wrap(name: str, op_of: Callable[[dict], str]) -> None:
+    def wrap(name: str, op_of: Callable[[dict[str, Any]], str]) -> None:
         inner = getattr(stage, name)
 
-        def call(chunk: int, *args, **kwargs):
+        def call(chunk: int, *args: Any, **kwargs: Any) -> Any:
             observe = runner.observe
             if observe is None:
                 return inner(chunk, *args, **kwargs)
@@ -111,7 +113,7 @@ def torch_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -> 
     return None if ranks == dist.get_world_size() else groups(tuple(range(ranks)))
 
 
-def torch_runner(schedule: Schedule, model, rank: int, device: torch.device, dtype: torch.dtype,
+def torch_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
                  made: dist.ProcessGroup | None, data_parallel: int = 1, copy_streams: bool = False,
                  ) -> tuple[TorchRunner, dict[int, nn.Module], int]:
     """This rank's TorchRunner, its stages (the same modules and weights as hw's runner's) and its replica (0)."""
