@@ -61,7 +61,8 @@ def main() -> None:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
                        capture_output=True)
-        names = subprocess.run([sys.executable, "-c", "from parsim.schedules import SCHEDULES; print(','.join(SCHEDULES))"],
+        code = "from parsim.schedules import SCHEDULES; print(','.join(SCHEDULES))"
+        names = subprocess.run([sys.executable, "-c", code],
                                cwd=base, env=os.environ | {"PYTHONPATH": str(base)}, capture_output=True, text=True,
                                check=True).stdout.strip()
         same_question = small + ["--profile", str(base / "parsim" / "profiles" / "default.json"), "--runtime", "hw",

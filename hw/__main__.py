@@ -6,6 +6,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from types import ModuleType
 
 from hw.run.teardown import adopt_parent
 from parsim.cli import OneLineErrors, run_command
@@ -13,13 +14,14 @@ from parsim.cli import OneLineErrors, run_command
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
 COMMANDS = {
     "measure": ("hw.measure.command", "How long does this pipeline step take on these GPUs (or on the CPU)?"),
-    "calibrate": ("hw.calibrate.command", "What does this machine cost (layers, host, links)? Writes a parsim profile."),
+    "calibrate": ("hw.calibrate.command",
+                  "What does this machine cost (layers, host, links)? Writes a parsim profile."),
     "scenario": ("hw.measure.scenarios", "What does a textbook experiment measure here, beside parsim's prediction?"),
     "validate": ("hw.measure.validate", "How close are parsim's predictions to a grid of steps measured here?"),
 }
 
 
-def parser_for(chosen: str | None) -> tuple[argparse.ArgumentParser, object | None]:
+def parser_for(chosen: str | None) -> tuple[argparse.ArgumentParser, ModuleType | None]:
     """The full parser for the chosen subcommand only: the others' modules (and torch) stay unloaded."""
     parser = OneLineErrors(prog="python -m hw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: `hw {args.command}` starts its own processes; run it without torchrun "
               "(only `hw measure` runs as torchrun's ranks)", file=sys.stderr)
         return 2
+    assert module is not None  # parse_args exits unless a command was chosen, and its module is loaded
     return run_command(module.main, args)
 
 

@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from hw.run.stage_runner import local_runner, make_batch
+from hw.nets.blocks import build_layer
 from hw.run.cuda_graphs import local_graph_runner
 from hw.run.ranks import release_unused
-from hw.nets.blocks import build_layer
+from hw.run.stage_runner import local_runner, make_batch
 from parsim.files import write_atomic
 from parsim.schedules import build
 from parsim.workload import Model, conv_model, mlp_model, stage_layers

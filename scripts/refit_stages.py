@@ -1,9 +1,8 @@
 """Re-derive a profile's MLP GPU costs from its own calibration's stage samples, as `hw calibrate` now does
-(hw.calibrate.stage_probe): each probed shape's eager costs follow hw's runner's 8-block stages (the in-step slowdown, no longer
-applied to them, is reported against them as a check), and the graphed runtimes' ratios are taken against the new
-eager costs. For
-calibrations taken before calibrate did so, whose samples hold the stages (taken with `--runtimes graphs`:
-samples.graphs.gpu). The profile is written atomically; its meta says what was refit and from what.
+(hw.calibrate.stage_probe): each probed shape's eager costs follow hw's runner's 8-block stages (the in-step slowdown,
+no longer applied to them, is reported against them as a check), and the graphed runtimes' ratios are taken against the
+new eager costs. For calibrations taken before calibrate did so, whose samples hold the stages (taken with `--runtimes
+graphs`: samples.graphs.gpu). The profile is written atomically; its meta says what was refit and from what.
 
 usage: python scripts/refit_stages.py PROFILE OUT [SAMPLES]      (SAMPLES default: PROFILE's stem + .samples.json)
 """
@@ -16,8 +15,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hw.calibrate.layers import IN_STEP_MODELS, stretched  # noqa: E402
 from hw.calibrate.graphs_runtime import gpu_ratios  # noqa: E402
+from hw.calibrate.layers import IN_STEP_MODELS, stretched  # noqa: E402
 from hw.calibrate.stage_probe import stage_corrections  # noqa: E402
 from parsim.profile import load_profile, save_profile  # noqa: E402
 from parsim.workload import stage_costs  # noqa: E402

@@ -249,7 +249,8 @@ def fill_measured(block: Block, refresh: bool) -> str:
     config = report["config"] = {"data_parallel": 1, **report["config"]}  # older reports lack data_parallel
     command = command_of(block.body)
     args = hw_parser("measure")[0].parse_args(shlex.split(command)[3:])
-    differ = [k for k in ("schedule", "gpus", "microbatches", "steps", "data_parallel") if getattr(args, k) != config[k]]
+    keys = ("schedule", "gpus", "microbatches", "steps", "data_parallel")
+    differ = [k for k in keys if getattr(args, k) != config[k]]
     if differ:
         raise DocError(f"the command's {', '.join(differ)} differ from what {block.arg} measured")
     return fenced([f"$ {command}", *report_text(report).splitlines()])
@@ -257,7 +258,7 @@ def fill_measured(block: Block, refresh: bool) -> str:
 
 # --- accuracy -----------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)  # the README and docs/measurements.md share their CSVs
+@functools.cache  # the README and docs/measurements.md share their CSVs
 def accuracy_cells(csv_path: Path, runtime: str | None = None) -> tuple[str, ...]:
     """Points (GPU-bound), and median / worst error over all and over GPU-bound points, from the shipped profile;
     only the points `runtime` ran where it is named."""
@@ -303,8 +304,9 @@ def fill_profile(block: Block, refresh: bool) -> str:
 
     p = load_profile(None)
     m, carried = p.meta, set(p.meta.get("carried_from_base") or ())
-    origin = lambda name, measured=True: ("carried from the base profile" if name in carried
-                                          else "default, not measured" if not measured else "measured")
+    def origin(name, measured=True):
+        return ("carried from the base profile" if name in carried
+                                              else "default, not measured" if not measured else "measured")
     rows = [("GPU, calibration", f"{m.get('gpu')}, {str(m.get('date'))[:10]}, torch {m.get('torch')}: "
              f"`{m.get('command')}`", ""),
             ("GPUs per node", str(p.gpus_per_node), origin("gpus_per_node")),
@@ -323,8 +325,9 @@ def fill_profile(block: Block, refresh: bool) -> str:
     layers = [(f"`{k}`", _gpu_cost(c.forward), _gpu_cost(c.backward_input), _gpu_cost(c.backward_weight),
                f"{_us(c.forward.host_s)} / {_us(c.backward_input.host_s + c.backward_weight.host_s)}")
               for k, c in p.layers.items()]
-    table = lambda header, body: ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
-                                  *("| " + " | ".join(r) + " |" for r in body)]
+    def table(header, body):
+        return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
+                                      *("| " + " | ".join(r) + " |" for r in body)]
     return "\n".join(table(("part", "value", "from"), rows) + [""] + table(
         ("layer", "forward (GPU)", "input-grad (GPU)", "weight-grad (GPU)", "host: forward / backward"), layers)) + "\n"
 

@@ -1,11 +1,13 @@
-"""Re-derive a profile's hw host costs from its own calibration samples, as `hw calibrate` now does (hw.calibrate.host_steps):
-the level (per step, per action, per layer) from the whole host-bound steps of hw's runner that the calibration
-timed, the spans giving each op's share of a layer. For profiles calibrated before calibrate did so, whose samples
-hold those steps (taken with `--runtimes torch`: samples.runtimes.torch.probes). The profile is rewritten atomically;
-its meta gains the level. MLP layers are leveled; other kinds keep their spans' costs (as calibrate does).
+"""Re-derive a profile's hw host costs from its own calibration samples, as `hw calibrate` now does
+(hw.calibrate.host_steps): the level (per step, per action, per layer) from the whole host-bound steps of hw's runner
+that the calibration timed, the spans giving each op's share of a layer. For profiles calibrated before calibrate did
+so, whose samples hold those steps (taken with `--runtimes torch`: samples.runtimes.torch.probes). The profile is
+rewritten atomically; its meta gains the level. MLP layers are leveled; other kinds keep their spans' costs (as
+calibrate does).
 GRAD_ADD_S (default: the profile's host.grad_add_s) is what each stage's first backward of a step saves per layer
-(hw.calibrate.host.grad_add_host): the fits take it off, and the profile carries it (listed as carried_from_base where it
-is not the calibration's own); 0 levels them as calibrate did before 2026-11-25. The torch runtime's costs are refitted too where the samples hold its steps.
+(hw.calibrate.host.grad_add_host): the fits take it off, and the profile carries it (listed as carried_from_base
+where it is not the calibration's own); 0 levels them as calibrate did before 2026-11-25. The torch runtime's costs
+are refitted too where the samples hold its steps.
 
 usage: python scripts/relevel_host.py PROFILE OUT [SAMPLES [GRAD_ADD_S]]   (SAMPLES: PROFILE's stem + .samples.json)
 """

@@ -14,12 +14,12 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from terminal import Terminal, end_session
 
 from parsim.budget import actions, stages_per_rank
-from parsim.runtimes import RUNTIMES
 from parsim.errors import ParsimError
+from parsim.runtimes import RUNTIMES
 from parsim.schedules import VIRTUAL
-from terminal import Terminal, end_session
 
 FAST_ERROR = {"parsim": ["predict", "--gpus", "3", "--data-parallel", "2"],  # refused after the imports
               "hw": ["measure", "--cpu", "--gpus", "0"]}

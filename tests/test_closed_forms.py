@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 from conftest import equal_stages
 
+from parsim.schedules import build
 from parsim.sim.lower import peak_held_bytes, peak_stashed_microbatches
 from parsim.sim.predict import predict, simulate
-from parsim.workload import StageCost, Work
-from parsim.schedules import build
-from parsim.workload import mlp_model
+from parsim.workload import StageCost, Work, mlp_model
 
 GRID = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 5, 8, 16)]
 

@@ -58,9 +58,9 @@ def test_compare_prints_the_table_and_writes_both_plots(tmp_path):
 
 
 def test_repredict_redoes_every_prediction_from_the_given_profile():
-    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
+    from parsim.sim.predict import predict
     from parsim.workload import mlp_model
 
     profile = load_profile(None)
@@ -112,9 +112,9 @@ def test_data_parallel_must_divide_the_gpus(tmp_path):
 
 
 def test_repredict_of_a_replicated_point_predicts_the_replicated_step():
-    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
+    from parsim.sim.predict import predict
     from parsim.workload import mlp_model
 
     point = replace(read_points(FIXTURE)[0], gpus=4, data_parallel=2, copy_streams=True)
@@ -201,9 +201,9 @@ def test_a_csv_without_the_model_column_names_the_mlp_stack_by_its_sizes(tmp_pat
 
 
 def test_the_model_column_names_a_conv_net_that_repredict_rebuilds(tmp_path):
-    from parsim.sim.predict import predict
     from parsim.profile import load_profile
     from parsim.schedules import build
+    from parsim.sim.predict import predict
     from parsim.workload import conv_model
 
     rows = list(csv.DictReader(FIXTURE.open()))[:1]

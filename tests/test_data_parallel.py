@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 from conftest import make_profile
 
-from parsim.sim.grad_allreduce import DDP_BUCKET_BYTES
 from parsim.errors import ProfileError
-from parsim.sim.predict import predict, simulate
 from parsim.profile import CollectiveSpec, LinkSpec
 from parsim.schedules import build
+from parsim.sim.grad_allreduce import DDP_BUCKET_BYTES
+from parsim.sim.predict import predict, simulate
 from parsim.workload import StageCost, Work, mlp_model
 
 

@@ -11,15 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate.links import BESIDE_ROUNDS, compute_share
 from hw.calibrate.fit import fit_affine
-from hw.calibrate.layers import fitted_costs, layer_costs, stretched
 from hw.calibrate.host import host_costs
-from hw.calibrate.transformer import attention_costs, layer_costs as transformer_costs  # noqa: E402
+from hw.calibrate.layers import fitted_costs, layer_costs, stretched
+from hw.calibrate.links import BESIDE_ROUNDS, compute_share
+from hw.calibrate.transformer import attention_costs  # noqa: E402
+from hw.calibrate.transformer import layer_costs as transformer_costs
 from hw.timing import LEAD_MARGIN, duty_lead_s, slowest_issue_s  # noqa: E402
-from parsim.sim.predict import predict  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.schedules import build  # noqa: E402
+from parsim.sim.predict import predict  # noqa: E402
 from parsim.workload import conv_model, model_from_spec, partitioned  # noqa: E402
 
 

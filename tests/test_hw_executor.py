@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.stage_runner import make_batch  # noqa: E402
 from hw.nets.blocks import build_layers  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
+from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.stage_runner import make_batch  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, mlp_model  # noqa: E402

@@ -4,15 +4,21 @@ profile's layer costs (closed forms), and the probes running end to end on the C
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 from conftest import make_profile
 
 torch = pytest.importorskip("torch")
 
-from hw.calibrate.graphs_runtime import accumulate_samples, fit_scales, gpu_fits, gpu_ratios, host_samples, profile_parts, runtime_costs
+from hw.calibrate.graphs_runtime import (
+    accumulate_samples,
+    fit_scales,
+    gpu_fits,
+    gpu_ratios,
+    host_samples,
+    profile_parts,
+    runtime_costs,
+)
 from hw.calibrate.stage_probe import stage_samples  # noqa: E402
 from parsim.profile import from_json  # noqa: E402
 

@@ -7,11 +7,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hw.run.stage_runner import Groups, StageRunner, make_batch, replica_groups, split_batch, stage_modules, stage_shapes
-from hw.run.runtimes import gradient_step_worker
 from hw.run.cuda_graphs import EagerGraphs, GraphRunner, graphs_runner  # noqa: E402
-from hw.run.runtimes import RUNNERS, runner_factory  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
+from hw.run.runtimes import RUNNERS, gradient_step_worker, runner_factory  # noqa: E402
+from hw.run.stage_runner import (
+    Groups,
+    StageRunner,
+    make_batch,
+    replica_groups,
+    split_batch,
+    stage_modules,
+    stage_shapes,
+)
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, mlp_model  # noqa: E402

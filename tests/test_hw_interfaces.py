@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from hw.interfaces.launch_threads import gil_costs, launch_loop, launch_times, released_s, unfused  # noqa: E402
 from hw.interfaces.hogwild import core_speeds, hogwild_steps, rates, run_processes, speed_counts  # noqa: E402
+from hw.interfaces.launch_threads import gil_costs, launch_loop, launch_times, released_s, unfused  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.profile import load_profile  # noqa: E402
 from parsim.scenarios import SCENARIOS, compare_figures  # noqa: E402

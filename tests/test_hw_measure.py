@@ -39,7 +39,7 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
         assert [end for _, _, end in rank["actions"]] == sorted(end for _, _, end in rank["actions"])
     for rank, path in enumerate((trace, tmp_path / "trace.rank1.json")):  # every rank profiles its own step
         labels = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["name"].startswith("hw:")}
-        assert {"hw:F(s%d,m0)" % rank, "hw:B(s%d,m1)" % rank} <= labels, labels  # each action, named as parsim does
+        assert {f"hw:F(s{rank},m0)", f"hw:B(s{rank},m1)"} <= labels, labels  # each action, named as parsim does
 
 
 def test_measure_runs_a_conv_net_split_as_parsim_splits_it(tmp_path):
@@ -212,11 +212,12 @@ def test_pace_covers_the_lead_and_block_times_from_one_timed_step(monkeypatch):
     ceil(0.05 / 0.004) = 13; a 40 ms step 4 and 2; a 0.4 s step one of each."""
     from hw.measure import steps as measure
 
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
     for step_s, expected in ((0.004, (38, 13)), (0.04, (4, 2)), (0.4, (1, 1))):
-        clock = [0.0]
+        clock[0] = 0.0
 
-        def step(step_s=step_s) -> None:
+        def step(step_s: float = step_s) -> None:
             clock[0] += step_s
 
-        monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
         assert measure.pace(step, lambda: None, None, torch.device("cpu")) == measure.Pace(*expected)

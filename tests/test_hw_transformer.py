@@ -9,11 +9,11 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
-from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.stage_runner import make_batch  # noqa: E402
 from hw.nets.blocks import build_layers, layer_module, loss_for  # noqa: E402
 from hw.nets.transformer import RMSNormFunction, lm_loss  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
+from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.stage_runner import make_batch  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import Decoder, Embedding, Head, TransformerShape, transformer_model  # noqa: E402
 

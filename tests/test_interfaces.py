@@ -13,9 +13,17 @@ import simpy
 from conftest import make_profile
 
 from parsim.errors import ProfileError
-from parsim.scenarios.interfaces import (HOGWILD_PROCESSES, data_parallel, hogwild, hogwild_model, hogwild_step_s,
-                                        launch_figures, launch_pace_s, step_bytes)
 from parsim.profile import CollectiveSpec, CpuCosts, GilCosts, HostCosts, KernelCost, from_json, load_profile
+from parsim.scenarios.interfaces import (
+    HOGWILD_PROCESSES,
+    data_parallel,
+    hogwild,
+    hogwild_model,
+    hogwild_step_s,
+    launch_figures,
+    launch_pace_s,
+    step_bytes,
+)
 from parsim.sim.cpu import SharedRate, core_speed
 from parsim.sim.dataparallel_step import Replica, data_parallel_step_s
 from parsim.workload import StageCost, Work

@@ -6,10 +6,10 @@ import pytest
 from conftest import equal_stages, make_profile
 
 from parsim.errors import ScheduleError
-from parsim.sim.machine import Launch, Machine, Sync
-from parsim.sim.predict import simulate
 from parsim.profile import LinkSpec
 from parsim.schedules import SCHEDULES, build
+from parsim.sim.machine import Launch, Machine, Sync
+from parsim.sim.predict import simulate
 
 
 def _run_two_ops(same_stream: bool, shared_resource: bool = False) -> float:

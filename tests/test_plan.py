@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 from conftest import make_profile
-
-import dataclasses
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsim.errors import ScheduleError
-from parsim.plan import (OPTIMIZER_BYTES_PER_PARAM, candidates, costed_runtimes, evaluate, params_per_gpu, plan,
-                         rank_key, search, shapes)
+from parsim.plan import (
+    OPTIMIZER_BYTES_PER_PARAM,
+    candidates,
+    costed_runtimes,
+    evaluate,
+    params_per_gpu,
+    plan,
+    rank_key,
+    search,
+    shapes,
+)
 from parsim.profile import CollectiveSpec, LinkSpec, RuntimeCosts
 from parsim.runtimes import RUNTIMES
 from parsim.runtimes.torch_pipelining import TORCH
-from parsim.sim.predict import predict
 from parsim.schedules import VIRTUAL, build
+from parsim.sim.predict import predict
 from parsim.workload import mlp_model
 
 MODEL = mlp_model(layers=8, hidden=64, tokens=256)

@@ -12,7 +12,7 @@ from parsim.errors import ParsimError, ProfileError, ScheduleError
 from parsim.profile import RuntimeCosts, from_json
 from parsim.runtimes import RUNTIMES, get_runtime
 from parsim.runtimes.torch_pipelining import CLASSES, MULTI_STAGE, TORCH
-from parsim.schedules import COMPUTE_OPS, Action, CommPlan, Op, Schedule, act, build
+from parsim.schedules import COMPUTE_OPS, CommPlan, Op, Schedule, act, build
 from parsim.sim.check import validate
 from parsim.sim.predict import predict, simulate
 from parsim.workload import mlp_model

@@ -15,8 +15,10 @@ from parsim.scenarios import (
     async_front_end,
     copy_compute_overlap,
     multi_gpu_matmuls,
-    RESNET_SPLITS as PIPELINED_RESNET_SPLITS,
     predict_pipeline_scenario,
+)
+from parsim.scenarios import (
+    RESNET_SPLITS as PIPELINED_RESNET_SPLITS,
 )
 
 T1, T3 = 8e-6, 20e-6

@@ -9,11 +9,11 @@ from conftest import equal_stages, make_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, Op, build
+from parsim.sim.check import validate
 from parsim.sim.dataflow import issue_waits
 from parsim.sim.lower import peak_stashed_microbatches
 from parsim.sim.predict import simulate
-from parsim.schedules import SCHEDULES, V_SHAPED, VIRTUAL, Op, build
-from parsim.sim.check import validate
 
 sizes = st.tuples(st.integers(1, 9), st.integers(1, 24), st.integers(1, 4))
 

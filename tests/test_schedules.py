@@ -8,9 +8,9 @@ import pytest
 from conftest import equal_stages
 
 from parsim.errors import ScheduleError
-from parsim.sim.predict import simulate
 from parsim.schedules import Action, Op, build
 from parsim.sim.check import validate
+from parsim.sim.predict import simulate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])

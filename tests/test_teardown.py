@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from terminal import Terminal, children, end_session, left_after
 
 pytest.importorskip("torch")

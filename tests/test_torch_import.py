@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from parsim.errors import ScheduleError
-from parsim.sim.predict import predict
 from parsim.profile import load_profile
 from parsim.schedules import Op, act, build
 from parsim.schedules.from_torch import from_rows, load_csv, parse_action
 from parsim.sim.check import validate
+from parsim.sim.predict import predict
 from parsim.workload import mlp_model
 
 

@@ -15,10 +15,13 @@ torch = pytest.importorskip("torch")
 
 from test_hw_executor import _reference  # noqa: E402
 
-from hw.run.stage_runner import Groups, replica_batch  # noqa: E402
-from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.runtimes import job_groups, runner_factory  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
+from hw.run.runtimes import (  # noqa: E402
+    gradient_step_worker,  # noqa: E402
+    job_groups,
+    runner_factory,
+)
+from hw.run.stage_runner import Groups, replica_batch  # noqa: E402
 from parsim.runtimes.torch_pipelining import CLASSES, TORCH  # noqa: E402
 from parsim.schedules import COMPUTE_OPS, Action, Op, act  # noqa: E402
 from parsim.workload import mlp_model  # noqa: E402

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import equal_stages, make_profile
 
-from parsim.sim.predict import simulate
 from parsim.schedules import build
 from parsim.schedules.from_torch import parse_action
+from parsim.sim.predict import simulate
 
 visualizer = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
 

@@ -12,8 +12,21 @@ import pytest
 from conftest import make_profile, transformer_profile
 
 from parsim.errors import ModelError
-from parsim.workload import (PRESETS, Decoder, Embedding, Head, TransformerShape, layer_times, model_from_spec,
-                             model_spec, named_model, partitioned, preset_model, stage_costs, transformer_model)
+from parsim.workload import (
+    PRESETS,
+    Decoder,
+    Embedding,
+    Head,
+    TransformerShape,
+    layer_times,
+    model_from_spec,
+    model_spec,
+    named_model,
+    partitioned,
+    preset_model,
+    stage_costs,
+    transformer_model,
+)
 
 LLAMA = TransformerShape("llama", hidden=64, ffn=160, heads=8, kv_heads=2, head_dim=8, vocab=100, seq=32)
 GPT = TransformerShape("gpt", hidden=48, ffn=192, heads=4, kv_heads=4, head_dim=12, vocab=80, seq=16, positions=20)

@@ -14,9 +14,22 @@ from hypothesis import strategies as st
 
 from parsim.errors import ModelError
 from parsim.profile import LayerCosts, OpCost
-from parsim.workload import (Layer, Model, conv_model, layer_times, load_model, mlp_model, model_from_spec,
-                             model_label, model_spec, partition, partition_by_time, partitioned, stage_costs,
-                             stage_layers)
+from parsim.workload import (
+    Layer,
+    Model,
+    conv_model,
+    layer_times,
+    load_model,
+    mlp_model,
+    model_from_spec,
+    model_label,
+    model_spec,
+    partition,
+    partition_by_time,
+    partitioned,
+    stage_costs,
+    stage_layers,
+)
 
 
 def _slowest(gpu: list[float], balance: tuple[int, ...], host: list[float] | None = None, fixed: float = 0.0) -> float:
@@ -124,7 +137,8 @@ def _scan_every_cut(gpu: list[float], stages: int, host: list[float] | None, fix
 
     n, inf = len(gpu), float("inf")
     g, h = prefix_sums(gpu), prefix_sums(host) if host is not None else None
-    time = lambda a, b: g[b] - g[a] if h is None else max(g[b] - g[a], fixed + h[b] - h[a])
+    def time(a, b):
+        return g[b] - g[a] if h is None else max(g[b] - g[a], fixed + h[b] - h[a])
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0

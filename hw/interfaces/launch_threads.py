@@ -60,12 +60,11 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
     holding the GIL hold_s more after each launch, spinning in Python): host time per launch of all of them.
     With `cpus`, thread i runs on CPU cpus[i] alone (lab/gil/core_pairs.py); else where the OS puts it.
 
-    Timed from their common start until the last has stopped, over all their launches; each looks at the clock
-    every BLOCK launches, so a thread asleep at the deadline finishes its block first (each runs one block at least). A GPU is kept busy
-    meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL), how often the GIL
-    changed hands between them (switches: a launch by another thread than the one before) and how long their
-    streams took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host,
-    set the pace).
+    Timed from their common start until the last has stopped, over all their launches; each looks at the clock every
+    BLOCK launches, so a thread asleep at the deadline finishes its block first (each runs one block at least). A GPU is
+    kept busy meanwhile (keep_clocks_up). Kept beside it: each thread's launches (who got the GIL), how often the GIL
+    changed hands between them (switches: a launch by another thread than the one before) and how long their streams
+    took to finish afterwards (drain_s: more than a few kernels' time means the device, not the host, set the pace).
     """
     xs = [torch.ones(ELEMENTS[device.type], device=device) for _ in range(threads)]
     streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(threads)]
