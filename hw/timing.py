@@ -40,14 +40,10 @@ def gpu_time_s(fn: Callable[[], object], device: torch.device, batch: int, repea
                lead_cycles: int = 4_000_000, heat: int = 0, sustained_s: float = 0.0) -> float:
     """GPU time of one call of fn, without the host's launch gaps.
 
-    On CUDA a spin kernel of `lead_cycles` (4M: ~2 ms at H200 clocks) keeps the GPU busy while the
-    host queues `batch` calls, so CUDA events around them time the GPU alone; on the CPU it is wall time.
-    heat > 0 puts that many large bf16 matmuls first (~1.5 ms each on an H200; lab/gpu-bound/gpu_spans.py).
-    sustained_s > 0: the calls are timed after `sustained_s` of them at the pace a step at this host's speed
-    keeps (duty_lead_s), at the clock the GPU holds under that load: an H200 at its power cap drops from 1980 to
-    ~1630 MHz within ~0.1 s of sustained matmuls (data/diagnose/h200-2026-11-24/), which a call fresh from idle
-    never sees, and less where the host leaves it idle part of the time.
-    """
+    On CUDA a spin kernel of `lead_cycles` keeps the GPU busy while the host queues `batch` calls, so CUDA events
+    around them time the GPU alone; on the CPU it is wall time. heat > 0 puts that many large bf16 matmuls first.
+    sustained_s > 0: the calls are timed after `sustained_s` of them at the pace a step at this host's speed keeps
+    (duty_lead_s), at the clock the GPU holds under that load, which a call fresh from idle never sees."""
     if device.type != "cuda":
         return median_s(lambda: [fn() for _ in range(batch)], device, repeat) / batch
     for _ in range(3):
@@ -78,13 +74,11 @@ LEAD_MARGIN = 1.2  # a lead this much over the slowest host timing's shortfall k
 
 
 def duty_lead_s(gpu_s: float, host_s: float) -> float | None:
-    """How long a spin kernel must run before each call, so that the host has queued the whole call before the
-    GPU reaches it: 0 where the host (`host_s`, its slowest issue of the call) is faster than the GPU (back to
-    back), else a little over the difference. The GPU then runs the calls at about the duty a step at this host's
-    pace gives it (gpu_s / host_s), so at the clock that duty holds, and no host gap falls inside a call.
-    None where the host is over twice as slow: the GPU idles half the time or more, under its power cap (an H200
-    at duty ~0.75 ran a stage in its fresh time), so the call is timed fresh behind a long spin, which a slow
-    host's gaps cannot reach (behind a lead this short they did: a layer probe at h=256 timed 4x its cost)."""
+    """How long a spin kernel must run before each call so that the host has queued the whole call before the GPU
+    reaches it: 0 where the host (`host_s`, its slowest issue of the call) is faster than the GPU, else a little
+    over the difference, so the GPU runs at the duty (and clock) a step at this host's pace gives it. None where the
+    host is over twice as slow: the call is then timed fresh behind a long spin, which a slow host's gaps cannot
+    reach."""
     if host_s > 2 * gpu_s:
         return None
     return LEAD_MARGIN * max(0.0, host_s - gpu_s)

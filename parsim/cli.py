@@ -376,7 +376,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             overlay = outputs.add(out / f"{Path(args.timeline).name.split('.')[0]}-overlay.png", "overlay")
         if args.measured:
             profile = load_profile(args.profile) if args.profile else None
-            with Progress("compare"):
+            with Progress("compare"), gc_paused():  # each row's schedule: up to millions of actions, as predict's
                 table, plots = compare(args.measured, out, profile, args.runtime, outputs=outputs)
             print(table)
             print("plots: " + ", ".join(map(str, plots)))

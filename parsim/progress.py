@@ -39,6 +39,7 @@ class Progress:
         global _active
         if self.show and _active is None:
             _active = self
+            import tqdm  # noqa: F401 - here, not in the line's thread, where busy work would delay the import for seconds
             self._thread = threading.Thread(target=self._run, name="parsim-progress", daemon=True)
             self._thread.start()
         return self

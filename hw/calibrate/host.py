@@ -33,17 +33,12 @@ def host_stage(kind: str, layers: int, tokens: int) -> Model:
 def host_samples(device: torch.device, dtype: torch.dtype, kind: str = "mlp", microbatches: int = 16,
                  rounds: int = 5, probes: list[tuple[int, Model]] | None = None, grad_calls: bool = True,
                  split: bool = False) -> list[dict]:
-    """Host time of forward and backward actions in hw's own executor, stages of k tiny layers of `kind`.
+    """Host time of forward and backward actions in hw's own runner, on stages of k tiny layers of `kind`.
 
-    Tiny layers leave the GPU idle, so a perf_counter span around each action is the host's cost of
-    it, in the very code path of a real step (one autograd call per action, its bookkeeping, the loss).
-    The depths take turns, a step each per round: the lent VMs' host speed drifts within minutes
-    (data/host-noise/), and a drift between one depth's steps and the next's would bend the slope.
-    Also the host time of an input-grad alone per layer, to split the backward's share (unless not
-    grad_calls). probes: (layers, stage model) to time instead of `kind`'s stages. With split, each depth also
-    runs a one-stage ZB-H1 step in the same rounds: its forward, input-grad and weight-grad spans (hw's split path:
-    forward hooks, a wider autograd.grad, one backward call per weighted module).
-    """
+    Tiny layers leave the GPU idle, so a span around each action is the host's cost of it, in a real step's code
+    path; the depths take turns, a step each per round, so the host's drift does not bend the slope. Also an
+    input-grad call alone per layer (unless not grad_calls), to split the backward's share; with split, a one-stage
+    ZB-H1 step per depth in the same rounds (hw's split path). probes: (layers, stage model) to time instead."""
     from parsim.schedules import Op, gpipe, zb_h1
 
     stages = probes or [(k, host_stage(kind, k, 8 * microbatches)) for k in HOST_DEPTHS[kind]]

@@ -1,21 +1,15 @@
 """Whole host-bound steps, timed as `hw measure` times them: the level of the profile's host costs.
 
-Stages of k tiny MLP blocks leave the GPU idle, so a step takes what the host's loop takes. hw's own runner (GPipe,
-one stage) and, when asked, torch.distributed.pipelining's GPipe and 1F1B (one stage) and interleaved 1F1B (two
-stages on the one rank) step in turns (hw.measure's turns: one step of each per round, between barriers) over
-depths k and micro-batch counts m, in a fresh process of world size 1. Each runtime's steps are fitted to
+Stages of k tiny MLP blocks leave the GPU idle, so a step takes what the host's loop takes. hw's runner and, when
+asked, torch.distributed.pipelining's GPipe, 1F1B and interleaved 1F1B step in turns over depths k and micro-batch
+counts m, in a fresh process of world size 1. Each runtime's steps are fitted to
 
     step = step_s + actions * action_s + layers * per_layer_s - stages k grad_add_s
                                                    (actions = 2 m stages, layers = m stages k)
 
-where grad_add_s, measured apart (hw.calibrate.host.grad_add_host), is what each stage's first backward of a step does
-not pay: .grad is None then, so autograd adds no gradients in. per_layer_s is then a layer's cost in a backward
-that adds them, as the spans' are.
-
-Why whole steps: the spans around single actions (hw.calibrate.host.host_samples) summed to 26% and 36% more per layer
-than whole steps of the same stages in two calibrations of one lease (data/validation/h200x2-2026-11-23-*/), and
-a prediction is of whole steps. So the spans give each op's share of a layer's host cost and these steps its level.
-"""
+where grad_add_s (hw.calibrate.host.grad_add_host) is what a stage's first backward of a step does not pay. The
+spans around single actions (hw.calibrate.host.host_samples) give each op's share of a layer's host cost, these
+steps its level: a prediction is of whole steps, and the spans summed to more."""
 
 from __future__ import annotations
 

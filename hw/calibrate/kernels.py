@@ -95,10 +95,9 @@ ADD_LAYERS = 8  # MLP blocks per stage in the gradient-add probe
 
 def autograd_accumulate(device: torch.device, dtype: torch.dtype, hidden: list[int], cpu: bool,
                         ) -> tuple[KernelCost, dict]:
-    """What autograd's gradient accumulation costs the GPU: `.grad += g` over a stage of MLP blocks of each width,
-    a kernel per parameter tensor, fitted to fixed + bytes / rate; the fixed part per layer (profile.kernels'
-    AUTOGRAD_ACCUMULATE). Every micro-batch's backward after a stage's first adds so (m - 1 a step): on an H200
-    they were 95 of a 497 ms step (16 blocks h=4096, 32 micro-batches; data/diagnose/h200-2026-11-24/)."""
+    """What autograd's gradient accumulation costs the GPU: `.grad += g` over a stage of MLP blocks of each width, a
+    kernel per parameter tensor, fitted to fixed + bytes / rate; the fixed part per layer (profile.kernels'
+    AUTOGRAD_ACCUMULATE). Every micro-batch's backward after a stage's first adds so."""
     from hw.calibrate.graphs_runtime import accumulate_samples
 
     layers = 2 if cpu else ADD_LAYERS

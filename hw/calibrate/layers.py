@@ -116,13 +116,9 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
                       models: dict[str, Model] | None = None) -> dict[str, dict]:
     """Per model family, how much slower its layers run inside hw's real step than the fitted costs say.
 
-    The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the
-    layers' kernels meet each other's data (its clock mostly stays at its maximum: not a clock drop). On an H200
-    MLP blocks ran 12% slower in situ than their fits, conv blocks about 3%
-    (data/validation/h200-2026-11-23-gpu-spans.json).
-    Every layer cost of the family is stretched by its factor; 1 on the CPU. models: a family's model, where
-    not IN_STEP_MODELS' (the transformer's comes from --transformer).
-    """
+    The fits come from short probes fresh from idle; in a step the GPU is under sustained load and the layers'
+    kernels meet each other's data. Every layer cost of the family is stretched by its factor (1 on the CPU).
+    models: a family's model, where not IN_STEP_MODELS' (the transformer's comes from --transformer)."""
     from parsim.workload import stage_costs
 
     out: dict[str, dict[str, Any]] = {}  # written out with the samples: factor, and where timed the model's times

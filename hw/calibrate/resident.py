@@ -1,11 +1,8 @@
 """Compute's speed beside a kernel that waits on its GPU (the profile's `resident_comm`; parsim.sim.sharing).
 
-One GPU stands in for a receive whose peer has not sent yet: a Triton kernel of NCCL's send-receive shape (32 and
-64 CTAs, as NCCL 2.28 ran 2 and 8 MB on an H200) spins on the GPU's clock beside a chunk of MLP blocks (forward and
-backward, bf16: the 2-GPU reference's chunk at 4 micro-batches), for 1.5x the chunk's time alone (there
-throughout) or 0.5x (gone mid-way); the chunk's time by CUDA events, every point in turns each round. Needs Triton
-(torch's CUDA builds bring it).
-"""
+One GPU stands in for a receive whose peer has not sent yet: a Triton kernel of NCCL's send-receive shape spins
+beside a chunk of MLP blocks (forward and backward) for 1.5x the chunk's time alone (there throughout) or 0.5x
+(gone mid-way); the chunk's time by CUDA events, every point in turns each round. Needs Triton."""
 
 from __future__ import annotations
 

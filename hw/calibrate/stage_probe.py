@@ -1,14 +1,9 @@
 """hw's own runners timed on a stage of MLP blocks at each calibrated width and micro-batch size (`hw calibrate`).
 
 A stage of 8 blocks (2 on the CPU), one micro-batch, under hw's eager runner and, with `--runtimes graphs`, its
-graphed runners: each action's GPU time, as a step runs it, at the duty a step at this host's pace gives the GPU
-(back to back where the GPU is slower than its host; fresh where it would idle over half the time), so at the
-clock that load holds (an H200 at its power cap). The eager stages correct the layer costs at their shapes
-(stage_corrections): the layer probes' chains of 4 layers, each its own autograd call, cost the host more per
-layer than a stage does, and where host and GPU are close their back-to-back timing caught the host's gaps (a
-backward at h=2048, 2048 rows timed 14% above the runner's own, data/validation/h200-2026-11-24-final/); the
-graphed stages price the graphs runtimes.
-"""
+graphed runners: each action's GPU time as a step runs it, at the clock the load of a step at this host's pace
+holds. The eager stages correct the layer costs at their shapes (stage_corrections: the layer probes' chains
+cost the host more per layer than a stage does); the graphed stages price the graphs runtimes."""
 
 from __future__ import annotations
 
@@ -48,13 +43,10 @@ def clear_grads(runner: StageRunner) -> None:
 
 def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], graphed: bool,
                   steps: int = 8) -> list[dict]:
-    """Per width and size, the GPU time of a stage's forward and backward under hw's eager runner and, where
-    `graphed`, graphed, and of the whole step under one graph per step. First in turns, a step each per round,
-    the GPU fed ahead by a spin kernel (its time fresh); then the host's time to issue a step; then on a GPU each
-    runner that would keep the GPU busy half the time or more again, after SUSTAINED_S of steps at the duty its
-    host's pace gives the GPU (opcosts.duty_lead_s): the GPU time under the load a step puts on it. Until
-    2026-11-24 only steps whose GPU outlasted one timing of their host were timed so, the rest fresh: a host near
-    the GPU's pace flipped a size between two timings ~10% apart."""
+    """Per width and size, the GPU time of a stage's forward and backward under hw's eager runner (and, where
+    `graphed`, graphed, and the whole step as one graph): first in turns, the GPU fed ahead by a spin kernel (fresh);
+    then the host's time to issue a step; then on a GPU, where the host keeps the GPU busy half the time or more,
+    again after SUSTAINED_S of steps at the duty the host's pace gives the GPU (timing.duty_lead_s)."""
     rows, layers = [], stage_layers(device)
     cuda = device.type == "cuda"
     for h in hidden:

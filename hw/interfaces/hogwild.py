@@ -155,14 +155,9 @@ def shuffled_rounds(points: Sequence[T], rounds: int, run: Callable[[T], dict]) 
 
 
 def hogwild_rounds(spec: str, points: list[tuple[str, int]], duration_s: float, rounds: int) -> dict[tuple, dict]:
-    """Per point (tag, processes): `rounds` runs in shuffled turns (shuffled_rounds); the median seconds per step
-    and every run. A tag keeps two timings of one count apart (the core-speed probe's and the experiment's).
-
-    Runs should be many and short (RUN_S, ROUNDS): a process runs at its vCPU's speed of the moment, one of two (a
-    lone Hogwild process 87-89 or 110-116 steps a second from one 1 s run to the next, 2026-11-25), so two timings
-    of one count in the same rounds differed by up to 22.6% as the median of 3 runs of 1 s, by 8.0% at most as
-    the median of 12 of 0.25 s (lab/gil/hogwild_twins.py, one H200, three repeats at 1, 2, 8 processes; the mean
-    of those 12: 11.5%)."""
+    """Per point (tag, processes): `rounds` runs in shuffled turns (shuffled_rounds); the median seconds per step and
+    every run. A tag keeps two timings of one count apart (the core-speed probe's and the experiment's). Runs should
+    be many and short (RUN_S, ROUNDS): a process runs at its vCPU's speed of the moment, which flips."""
     runs = shuffled_rounds(points, rounds, lambda p: hogwild_steps(spec, p[1], duration_s))
     return {p: {"step_s": statistics.median(r["step_s"] for r in v), "runs": v} for p, v in runs.items()}
 

@@ -42,9 +42,9 @@ CALIBRATION_ROUNDS = 32  # hw calibrate's windows per probe: 1.3 s of each, as 5
 
 
 def keep_clocks_up(device: torch.device, seconds: float) -> bool:
-    """A kernel spinning for `seconds` (longer below the top clock) on a stream of its own, so that the GPU is busy
-    and at its working clocks while tiny kernels are timed: idle, an H200 sits at 390-510 MHz, where a kernel may
-    take longer than its launch and the host would be timing the GPU. False without a GPU or torch.cuda._sleep."""
+    """A kernel spinning for `seconds` on a stream of its own, so that the GPU stays at its working clocks while tiny
+    kernels are timed (idle, it clocks down and a kernel may outlast its launch). False without a GPU or
+    torch.cuda._sleep."""
     if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
         return False
     # a high-priority stream: torch hands streams out of per-priority pools in turn, so the launching threads'
@@ -115,15 +115,10 @@ def launch_loop(device: torch.device, threads: int, window_s: float, hold_s: flo
 
 def launch_rounds(device: torch.device, points: tuple[tuple, ...], window_s: float,
                   rounds: int) -> dict[tuple, dict]:
-    """Per point (threads, hold_s[, tag]): the mean time per launch over rounds, and every round's loop, the
-    points in shuffled turns (hw.interfaces.hogwild.shuffled_rounds; 2026-11-24). A tag keeps two timings of one
-    (threads, hold_s) apart (a calibration's probe and the experiment's point).
-
-    Rounds should be many and windows short (WINDOW_S): each vCPU of the lent machines runs at one of two speeds
-    at a time, flipping from one 0.1 s window to the next (a lone thread's launches ~7.5 or ~11 us), so two
-    timings of one loop in the same rounds differed by up to 25% as the median of 7 windows of 0.4 s, and by 2.7%
-    at most as the mean of 70 of 0.04 s (lab/gil/twin_timings.py, 2026-11-25, one H200, four repeats).
-    """
+    """Per point (threads, hold_s[, tag]): the mean time per launch over rounds, and every round's loop, the points in
+    shuffled turns (hw.interfaces.hogwild.shuffled_rounds). A tag keeps two timings of one (threads, hold_s) apart
+    (a calibration's probe and the experiment's point). Rounds should be many and windows short (WINDOW_S): a vCPU's
+    speed flips from one 0.1 s window to the next."""
     for n, hold, *_ in points:  # warm-up: streams, the allocator's blocks, first launches
         launch_loop(device, n, min(window_s, 0.05), hold)
     raw = shuffled_rounds(points, rounds, lambda p: launch_loop(device, p[0], window_s, p[1]))
@@ -152,11 +147,9 @@ def unfused() -> Iterator[None]:
 
 
 def released_s(device: torch.device, launches: int = 500, repeat: int = 20) -> float | None:
-    """Seconds per op of `y = y + 1` issued by a TorchScript loop, which runs no Python per op; None if TorchScript
-    fails. Meant as a launch's C++ part alone, it is not: the interpreter's own cost per op stands in for Python's
-    (0.99 of a Python launch, 2026-11-25), so gil_costs no longer uses it; scripts still time it beside theirs.
-    TorchScript's fuser is off: on a GPU it unrolls the loop by 8 and fuses the adds into one kernel, a launch per 8
-    (lab/gil/ts_fusion.py: 0.83 us an iteration fused, 7.26 not, 7.68 from Python, 2026-11-25)."""
+    """Seconds per op of `y = y + 1` issued by a TorchScript loop (no Python per op), its fuser off; None if
+    TorchScript fails. Not a launch's C++ part alone (the interpreter's cost per op stands in for Python's), so
+    gil_costs does not use it; lab scripts time it beside theirs."""
     try:
         with warnings.catch_warnings(), unfused():
             warnings.simplefilter("ignore")  # TorchScript is deprecated; it still runs the op without Python
@@ -217,21 +210,11 @@ def replicate_module_s(device: torch.device, blocks: int = 8, repeat: int = 20) 
 def gil_costs(device: torch.device, window_s: float = WINDOW_S, rounds: int = CALIBRATION_ROUNDS,
               holds_s: tuple[float, ...] = HOLDS_S, source: str = "", crowd_holds_s: tuple[float, ...] = CROWD_HOLDS_S,
               experiment: tuple[int, ...] = ()) -> tuple[GilCosts, dict]:
-    """One thread's time per launch and the wake-up curve from one and two threads launching with each hold in
-    holds_s (GIL held longer per launch), with the raw rounds; and, unused by the model, CROWD_THREADS threads at
-    each of crowd_holds_s, read as the model reads them (`crowd`).
-
-    The launch's GIL-free part is left unmeasured (released_s None: the model holds the GIL all the launch). The
-    TorchScript loop of released_s issues the op in about the launch's own time (0.99 of it, timed back to back,
-    2026-11-25), where the GIL trace (lab/gil/gil_trace.py) has one thread hold the GIL ~20% of a launch: the
-    interpreter's own cost per op stands in for Python's, so the loop cannot split a launch. Taken apart from the
-    launch it even came out longer (the vCPU's speed flips), which left the model a launch that never held the GIL
-    and eight threads launching eight times as fast as one.
-
-    experiment: thread counts of the GIL experiment to time in the same rounds, apart from the probes (the
-    experiment's one and two threads are not the probes' own): raw["experiment"], as launch_times gives them, and
-    the GIL's launch curve (GilCosts.launch_curve: the model's contended launches follow it).
-    """
+    """One thread's time per launch and the wake-up curve from one and two threads launching with each hold in holds_s
+    (GIL held longer per launch), with the raw rounds; unused by the model, CROWD_THREADS threads at each of
+    crowd_holds_s (`crowd`). The launch's GIL-free part is left unmeasured (released_s None: the model holds the GIL
+    all the launch). experiment: thread counts timed in the same rounds apart from the probes: raw["experiment"], and
+    the GIL's launch curve (GilCosts.launch_curve), which the model's contended launches follow."""
     points = tuple((n, hold, "probe") for hold in holds_s for n in (1, 2))
     points += tuple(p for hold in crowd_holds_s for p in ((1, hold, "probe"), (CROWD_THREADS, hold, "probe"))
                     if p not in points)

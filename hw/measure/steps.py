@@ -146,24 +146,14 @@ def _step_bar(jobs: Turn, show: bool) -> tqdm:
 
 def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], team: dist.ProcessGroup | None,
               stepped: Callable[[], object] = lambda: None) -> list[RankTiming]:
-    """Warm every job up, then rounds of one timed step of each job in turn, each between barriers, so that the
-    host's drift hits them alike; then one more step of each with per-action timers, for per-stage times.
+    """Warm every job up, then rounds of one timed sample of each job in turn, each between barriers, so that the host's
+    drift hits them alike; then one more step of each with per-action timers, for per-stage times.
 
-    On a GPU, where a turn has several jobs, each timed step follows untimed steps of the same job, LEAD_S of them
-    at least: a GPU that a job keeps busy holds it at its power cap and runs ~10% slower than one fresh from the
-    turn's previous job (an H200 at 1630 against 1980 MHz, reached ~0.1 s into the load;
-    data/diagnose/h200-2026-11-24/), so each job is timed as it runs back to back in training, whatever came
-    before it in the turn. There a sample is a block of steps lasting BLOCK_S at least, each step timed between
-    syncs, the sample their mean: a host-bound step of a few ms varies by up to +-30% from one step to the next
-    on the lent hosts, and a sample taken once per round is dear (the lead). Each sample's steps are kept
-    (`blocks`).
-
-    The timers stay out of the timed steps: on a host-bound pipeline their event records would show. Runners
-    that pin (hw's) step with the host thread pinned, after warm-up: NCCL's threads exist and stay unbound.
-    A job's peak memory is its own: the process's peak during its step less what the other jobs of the process
-    (the turn's other runtimes, earlier turns' leftovers) held when it began (allocated then, less its own
-    resident bytes), so that one runtime's peak is comparable with a prediction for it alone.
-    """
+    On a GPU, where a turn has several jobs, each sample follows LEAD_S of untimed steps of the same job, so that it
+    runs at the clock its own load holds; a sample is a block of steps lasting BLOCK_S at least, their mean (each
+    sample's steps kept: `blocks`). The timers stay out of the timed steps. Runners that pin (hw's) step with the
+    host thread pinned. A job's peak memory is its own: the process's peak during its step less what the turn's
+    other jobs held when it began."""
     steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made, strict=True)]
 
     def settle() -> None:

@@ -127,11 +127,8 @@ class CudaGraph:
         self.cuda_graph = torch.cuda.CUDAGraph()
 
     def replay(self) -> None:
-        """Launch the graph, then record a timing event behind it. Without the event, once a process had
-        replayed a few hundred graphs, an H200 idled between the replays of a step: 8.5 of a 39.1 ms step of
-        128 graphs, 12.6 of 70.2 ms with 256; with a timing event after each replay the same steps took 30.6
-        and 57.6 ms, their kernels' time. An event without timing did not help; the driver's reason is not
-        known (data/diagnose/h200-2026-11-24/eventgaps.json, lab/gpu-bound/gpu_diagnose.py eventgaps)."""
+        """Launch the graph, then record a timing event behind it: without the event, once a process had replayed a few
+        hundred graphs, the GPU idled between a step's replays (an event without timing did not help)."""
         self.cuda_graph.replay()
         torch.cuda.Event(enable_timing=True).record()
 

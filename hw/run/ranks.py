@@ -69,14 +69,9 @@ def release_unused(device: torch.device) -> None:
 
 @contextmanager
 def host_pinned(device: torch.device, slot: int) -> Iterator[None]:
-    """On a GPU, bind the calling (dispatching) thread to a core of its own while the block runs.
-
-    A dispatch-bound step ran about 30% faster, with a third of the spread, with its host thread
-    bound to one core (data/host-noise/): hw times GPU steps and host costs so. HW_PIN=0 turns it
-    off; HW_PIN=same binds the autograd workers to that core too: over 18 host-bound points in two
-    leases that was 12% faster (geometric mean) but drifted more between rounds (up to 1.9x against
-    1.4x; lab/host-bound/host_order.py), so it is not the default: validation needs repeatable steps.
-    """
+    """On a GPU, bind the calling (dispatching) thread to a core of its own while the block runs: a dispatch-bound
+    step runs faster and steadier so, and hw times GPU steps and host costs so. HW_PIN=0 turns it off; HW_PIN=same
+    binds the autograd workers to that core too (faster on average, less repeatable: not the default)."""
     mode = os.environ.get("HW_PIN", "1")
     if device.type != "cuda" or mode == "0":
         yield
