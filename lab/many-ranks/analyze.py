@@ -6,8 +6,8 @@ For every variant and rank: the median over traced steps of each kind's host tim
 waits, the runner's own loop, the frame: zero_grad, sync, barrier; GC), the count, the per-action median; beside it
 parsim's host track for the same step (parsim.sim.predict with PROFILE and the variant's runtime: each launch's
 host_s, summed by the action kind it launches; the runtime's begin_s / step_s), and the ratio. Plain steps' medians
-(no instrumentation) are given against the predicted step. The host probe of each round (probe:1, probe:2) gives the
-host's speed against PROFILE, as hw validate's probe does.
+(no instrumentation) are given against the predicted step. The host probe of each round (probe:1, probe:N on N
+ranks) gives the host's speed against PROFILE, as hw validate's probe does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where each rank's host time goes in a 2-rank eager pipeline step, against controls on one rank (issue 43).
+"""Each rank's host time in a multi-rank eager pipeline step (--ranks), against controls on one rank (issue 43).
 
     python lab/many-ranks/host_trace.py --out DIR [--cpu] [--model 16x512x4096] [--runtimes hw,torch]
         [--schedules gpipe,1f1b,interleaved-1f1b] [--microbatches 8,32] [--rounds 4] [--steps 3] [--more]
@@ -15,15 +15,15 @@ CPU clock (thread_time):
   (a proxy around the returned Work), torch.autograd.backward;
 - the step's frame: zero_grad, runner.step, the end-of-step cuda sync, the barrier; Python GC pauses (gc.callbacks);
   the thread's voluntary / involuntary context switches (getrusage) and the process's CPU time per step.
-Variants (MODEL = L x H x T, its stage on a rank = L/2 layers of H at T/m tokens a micro-batch):
-- pipe:RUNTIME:SCHEDULE:m      the 2-rank pipeline, as hw validate measures it (hw's runner pinned, torch's not)
-- alone:RUNTIME:m              rank 0 alone runs a one-rank GPipe of ITS stage (L/2 layers, m micro-batches; rank 1
-                               idles at a barrier): the same compute actions without messages or a peer
-- both:RUNTIME:m               both ranks run that one-rank program at once, independently (no messages): CPU /
+Variants (MODEL = L x H x T, its stage on a rank = L/ranks layers of H at T/m tokens a micro-batch):
+- pipe:RUNTIME:SCHEDULE:m      the --ranks-rank pipeline, as hw validate measures it (hw's runner pinned, torch's not)
+- alone:RUNTIME:m              rank 0 alone runs a one-rank GPipe of ITS stage (L/ranks layers, m micro-batches; the
+                               other ranks idle at a barrier): the same compute actions without messages or a peer
+- both:RUNTIME:m               all ranks run that one-rank program at once, independently (no messages): CPU /
                                driver contention between two ranks launching
 - gradin:hw:m                  alone, with the input requiring grad (as a received tensor does on stage 1)
 - whole:hw                     rank 0 alone, the whole model, one micro-batch (the speedup's denominator)
-- probe:2, probe:1             parsim.hostprobe's probe on 2 ranks and on rank 0 alone (host speed per round)
+- probe:N, probe:1             parsim.hostprobe's probe on N = --ranks ranks and on rank 0 alone (host speed per round)
 With --more also:
 - alone1f1b:RUNTIME:m          alone, in one-rank 1F1B order (F, B, F, B, ...): the order without the messages
 - spin:hw:m                    alone, while rank 1 burns CPU in a Python loop about as long (no CUDA, no messages)

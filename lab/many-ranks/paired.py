@@ -6,7 +6,7 @@ Variants are timed in rounds (one block of each per round), so a ratio taken wit
 drift between rounds. For each variant: per round the median plain step, and per rank the median traced host time
 of F, B, messages and the runner's whole loop; printed as the median (min-max) over rounds of variant / control,
 where the control is alone:RUNTIME:m (the same stage on rank 0 alone) for both/gradin/pipe variants, probe:1 for
-probe:2.
+probe:N (N = 2, 4: any number of ranks).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ med = statistics.median
 
 
 def load_trace(path: str) -> dict:
-    """host_trace.py's trace.json, or its gzipped copy (trace.json.gz, as committed)."""
+    """host_trace.py's trace.json, or its compressed copy (trace.json.gz or .xz, as committed)."""
     import gzip
+    import lzma
 
-    opener = gzip.open if path.endswith(".gz") else open
+    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
     with opener(path, "rt") as f:
         return json.load(f)
 
@@ -55,7 +56,7 @@ def per_round(v: dict) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
 def control_of(name: str) -> str | None:
     parts = name.split(":")
     if parts[0] == "probe":
-        return "probe:1" if parts[1] == "2" else None
+        return "probe:1" if parts[1] != "1" else None  # probe:N (N ranks) against probe:1
     if parts[0] in ("both", "gradin", "spin", "alone1f1b") or (parts[0] == "alone" and parts[-1] == "same"):
         return f"alone:{parts[1]}:{parts[2]}"
     if parts[0] == "pipe":
