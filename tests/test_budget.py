@@ -6,6 +6,7 @@ the wall clock: the suite runs two tests at a time, and the other one's load is 
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import signal
@@ -43,8 +44,10 @@ def _startup_wall_s(tool: str) -> float:
     return time.monotonic() - t0
 
 
+@functools.cache
 def _startup_s(tool: str) -> float:
-    """CPU seconds a command of `tool` takes to start and refuse a bad flag: what every command pays before it works."""
+    """CPU seconds a command of `tool` takes to start and refuse a bad flag: what every command pays before it works
+    (CPU time does not move with the machine's load, so once per worker is enough)."""
     t0 = _children_cpu_s()
     r = subprocess.run([sys.executable, "-m", tool, *FAST_ERROR[tool]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr

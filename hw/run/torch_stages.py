@@ -8,19 +8,20 @@ what waits on what, the host's loop) is torch's own, which is what parsim.runtim
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from hw.run.stage_runner import Groups, StepIO, stage_modules
 from parsim.errors import ParsimError
 from parsim.runtimes.torch_pipelining import CLASSES
 from parsim.schedules import Action, Op, Schedule, act
 from parsim.workload import Model
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
 
 Observe = Callable[[Action, str], None]
 
@@ -39,6 +40,11 @@ class TorchRunner:
         if schedule.name not in CLASSES:
             raise ParsimError(f"the torch runtime runs torch's schedule classes ({', '.join(CLASSES)}), "
                               f"not {schedule.name!r}")
+        # imported here: torch.distributed.pipelining takes ~0.9 s to import, which every rank of every other
+        # runtime (and every hw command) would pay
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
         cls = get_schedule_class(CLASSES[schedule.name])
         self.piped = [PipelineStage(stages[s], s, schedule.num_stages, device, group=group) for s in sorted(stages)]
         for stage in self.piped:
