@@ -232,6 +232,23 @@ def test_in_step_slowdown_stretches_each_familys_gpu_costs_by_its_own_factor():
             assert b.gpu_s(1e11) == pytest.approx(f * a.gpu_s(1e11)) and b.host_s == a.host_s
 
 
+def test_a_weight_grad_sample_lost_in_noise_cannot_drive_a_shapes_corrections_off_the_scale():
+    """One sample whose input-grad timed longer than its whole backward (a loaded CPU): its weight-grad part is noise,
+    left out of the shape's weight-grad fit, so every correction stays within 2x; kept at 1e-9 s, the relative fit
+    bent to it and corrected the others by ~1e6 (a profile parsim refuses). Its floored value is what stands where
+    fewer than two other samples remain."""
+    from hw.calibrate.fit import WEIGHT_GRAD_FLOOR, weight_grad_s
+
+    samples = [{"flops": f, "forward_s": 1e-5 + f / 5e11, "backward_input_s": 1e-5 + f / 5e11,
+                "backward_s": 2e-5 + 2 * f / 5e11} for f in (1e6, 1e7, 1e8)]
+    samples[1]["backward_input_s"] = samples[1]["backward_s"] * 1.2  # noise: input-grad longer than the backward
+    host = {"forward_s": 1e-4, "backward_input_s": 1e-4, "backward_s": 3e-4}
+    costs, _ = layer_costs(samples, host, corrected=True)
+    ratios = [r for _, r in costs.backward_weight.corrections]
+    assert all(0.5 < r < 2.0 for r in ratios), ratios
+    assert weight_grad_s(1.0, 1.2) == WEIGHT_GRAD_FLOOR and weight_grad_s(1.0, 0.4) == pytest.approx(0.6)
+
+
 def test_layer_costs_are_fitted_per_kind_and_per_shape():
     """Each shape keeps its own rate (small maps run slower); the kind's fit spans them all."""
     def rows(kind, key, rate):

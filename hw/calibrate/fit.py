@@ -43,3 +43,13 @@ def fit_affine(work: Sequence[float], seconds: Sequence[float]) -> Fit:
     pred = fixed + w * per_unit
     r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
     return Fit(float(fixed), float(1 / per_unit), float(r2), float(np.max(np.abs(pred / t - 1))))
+
+
+WEIGHT_GRAD_FLOOR = 0.05  # of a sample's backward: below it, its weight-grad part is timing noise
+
+
+def weight_grad_s(backward_s: float, input_grad_s: float) -> float:
+    """A sample's weight-gradient time: its full backward less its input-gradient part, two timings apart. Where noise
+    makes the difference vanish (a loaded CPU; two glitches in the committed GPU calibrations), it is floored at
+    WEIGHT_GRAD_FLOOR of the backward, so that one sample cannot drive a relative fit, and its corrections, to zero."""
+    return max(backward_s - input_grad_s, WEIGHT_GRAD_FLOOR * backward_s, 1e-9)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from hw.calibrate.fit import Fit, fit_affine
+from hw.calibrate.fit import WEIGHT_GRAD_FLOOR, Fit, fit_affine, weight_grad_s
 from hw.nets.blocks import LAYER_KINDS
 from hw.timing import gpu_time_s, sync
 from parsim.profile import LayerCosts, OpCost, Profile
@@ -154,22 +154,30 @@ STAGED = {"mlp"}
 
 def layer_costs(samples: list[dict], host: dict, corrected: bool = False) -> tuple[LayerCosts, dict[str, Fit]]:
     """Per-layer op costs: host from `host`, GPU from affine fits (before any in-step slowdown); with `corrected`
-    (the samples are of one shape), each sample's time over its fit, so that the cost follows the samples."""
-    flops = [s["flops"] for s in samples]
-    seconds = {"forward": [s["forward_s"] for s in samples],
-               "backward_input": [s["backward_input_s"] for s in samples],
-               "backward_weight": [max(s["backward_s"] - s["backward_input_s"], 1e-9) for s in samples]}
-    fits = {op: fit_affine(flops, t) for op, t in seconds.items()}
+    (the samples are of one shape), each sample's time over its fit, so that the cost follows the samples. A sample
+    whose weight-grad part is lost in noise (fit.weight_grad_s) is left out of that op's fit where two others remain."""
+    points = {"forward": [(s["flops"], s["forward_s"]) for s in samples],
+              "backward_input": [(s["flops"], s["backward_input_s"]) for s in samples],
+              "backward_weight": weight_grad_points(samples)}
+    fits = {op: fit_affine([w for w, _ in p], [t for _, t in p]) for op, p in points.items()}
     hosts = {"forward": host["forward_s"], "backward_input": host["backward_input_s"],
              "backward_weight": max(host["backward_s"] - host["backward_input_s"], 0.0)}
 
     def corrections(op: str) -> tuple[tuple[float, float], ...]:
-        fit, by_flops = fits[op], sorted(zip(flops, seconds[op], strict=True))
-        return tuple((w, t / (fit.fixed_s + w / fit.rate)) for w, t in by_flops) if corrected else ()
+        fit = fits[op]
+        return tuple((w, t / (fit.fixed_s + w / fit.rate)) for w, t in sorted(points[op])) if corrected else ()
 
     costs = LayerCosts(*(OpCost(hosts[k], fits[k].fixed_s, fits[k].rate, corrections(k))
                          for k in ("forward", "backward_input", "backward_weight")))
     return costs, fits
+
+
+def weight_grad_points(samples: list[dict]) -> list[tuple[float, float]]:
+    """(flops, weight-grad seconds) of each sample, less those whose weight-grad part is noise where two remain."""
+    points = [(s["flops"], weight_grad_s(s["backward_s"], s["backward_input_s"])) for s in samples]
+    kept = [p for p, s in zip(points, samples, strict=True)
+            if s["backward_s"] - s["backward_input_s"] > WEIGHT_GRAD_FLOOR * s["backward_s"]]
+    return kept if len(kept) >= 2 else points
 
 
 def fitted_costs(rows: list[dict], host: dict[str, dict]) -> tuple[dict[str, LayerCosts], dict[str, Fit]]:

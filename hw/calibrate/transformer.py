@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from hw.calibrate.fit import Fit, fit_affine
+from hw.calibrate.fit import Fit, fit_affine, weight_grad_s
 from hw.calibrate.layers import LAYER_DEPTH, LEAD_CYCLES
 from hw.nets.transformer import attention, lm_loss, transformer_module
 from hw.timing import gpu_time_s
@@ -175,7 +175,7 @@ def layer_costs(rows: list[dict], attention: dict[str, LayerCosts], host: dict[s
                 core = _attention_s(r, attention) if "attention_work" in r else (0.0, 0.0)
                 ops["forward"].append(max(r["forward_s"] - core[0], 1e-9))
                 ops["backward_input"].append(max(r["backward_input_s"] - core[1], 1e-9))
-                ops["backward_weight"].append(max(r["backward_s"] - r["backward_input_s"], 1e-9))
+                ops["backward_weight"].append(weight_grad_s(r["backward_s"], r["backward_input_s"]))
             op_costs = []
             for i, (op, seconds) in enumerate(ops.items()):
                 work = [r["work"][i] for r in group]
