@@ -180,8 +180,7 @@ class GilCosts:
     and a small step's final sync (step_sync_s: its last kernels' tail and the wake-up; host.sync_s is an idle
     GPU's).
     DistributedDataParallel's own host costs beyond the module's (hw.interfaces.data_parallel, a process group of one
-    rank;
-    2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
+    rank; 2+ GPU calibrations only): its forward's wrapper (ddp_forward_s), its backward's hooks, bucket copies and
     all-reduce call for one parameter tensor (ddp_backward_s) and each further one (ddp_param_s).
     handoff_share: of the launches of two threads launching together, the share that followed the other thread's
     (the GIL went to the thread its release woke, not back to the releaser); None before 2026-11-27: 0.

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -36,22 +37,23 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _startup_wall_s(tool: str) -> float:
-    """Wall seconds a command of `tool` takes to start and refuse a bad flag, on this machine now."""
-    t0 = time.monotonic()
+def _startup(tool: str, clock: Callable[[], float]) -> float:
+    """How long, by `clock`, a command of `tool` takes to start and refuse a bad flag: what every command pays first."""
+    t0 = clock()
     r = subprocess.run([sys.executable, "-m", tool, *FAST_ERROR[tool]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    return time.monotonic() - t0
+    return clock() - t0
+
+
+def _startup_wall_s(tool: str) -> float:
+    """Wall seconds of the start-up, on this machine now."""
+    return _startup(tool, time.monotonic)
 
 
 @functools.cache
 def _startup_s(tool: str) -> float:
-    """CPU seconds a command of `tool` takes to start and refuse a bad flag: what every command pays before it works
-    (CPU time does not move with the machine's load, so once per worker is enough)."""
-    t0 = _children_cpu_s()
-    r = subprocess.run([sys.executable, "-m", tool, *FAST_ERROR[tool]], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    return _children_cpu_s() - t0
+    """CPU seconds of the start-up (CPU time does not move with the machine's load, so once per worker is enough)."""
+    return _startup(tool, _children_cpu_s)
 
 
 def _csv(*rows: str) -> str:

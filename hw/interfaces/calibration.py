@@ -15,7 +15,14 @@ from pathlib import Path
 import torch
 
 from hw.interfaces.hogwild import ROUNDS, RUN_S, cpu_costs, machine
-from hw.interfaces.launch_threads import CALIBRATION_ROUNDS, CROWD_HOLDS_S, HOLDS_S, WINDOW_S, gil_costs
+from hw.interfaces.launch_threads import (
+    CALIBRATION_ROUNDS,
+    CROWD_HOLDS_S,
+    HOLDS_S,
+    WINDOW_S,
+    gil_costs,
+    switch_share,
+)
 from parsim.profile import GilCosts, Profile, samples_path, save_profile
 from parsim.scenarios.interfaces import HOGWILD_MODEL, LAUNCH_THREADS
 from parsim.sim.gil import wake_cost
@@ -93,13 +100,7 @@ def crowd_line(gil: GilCosts, raw: dict) -> str:
     n = raw["crowd_threads"]
     checks = ", ".join(f"{c['hold_s'] * 1e6:.0f} us: {c['cost_s'] * 1e6:.1f} us after {c['slept_s'] * 1e6:.0f} us idle "
                        f"(two threads' curve there: {curve(c['slept_s']) * 1e6:.1f} us)" for c in raw["crowd"])
-    handed = {k: switch_share([h for h in raw["holds"] if h["threads"] == k]) for k in (2, n)}
+    handed = {k: switch_share([r for h in raw["holds"] if h["threads"] == k for r in h["rounds"]])
+              for k in (2, n)}
     return (f"check: {n} threads holding the GIL longer, each launch's extra cost: {checks or 'not probed'}; the GIL "
             f"changed hands at {handed[2]:.0%} of two threads' launches and {handed[n]:.0%} of {n} threads'")
-
-
-def switch_share(probes: list[dict]) -> float:
-    """Launches that followed another thread's, over all launches of the probes' rounds."""
-    rounds = [r for p in probes for r in p["rounds"]]
-    return sum(r["switches"] for r in rounds) / max(sum(sum(r["launches"]) for r in rounds), 1)
-

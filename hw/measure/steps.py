@@ -31,6 +31,7 @@ from hw.run.observers import ActionTimer
 from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
 from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory
 from hw.run.stage_runner import Groups, replica_batch
+from hw.timing import sync
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Schedule, gpipe
 from parsim.workload import Model, stage_layers
@@ -50,11 +51,6 @@ class Config:
 
 
 
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -157,7 +153,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
     steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made, strict=True)]
 
     def settle() -> None:
-        _sync(device)
+        sync(device)
         if team is not None:
             dist.barrier(group=team)
 
@@ -321,7 +317,7 @@ def _profile_one_step(one_step: Stepper, device: torch.device, path: str, token:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         one_step(ProfilerLabels())
-        _sync(device)
+        sync(device)
     tmp = staged_trace(path, token or str(os.getpid()))
     prof.export_chrome_trace(tmp)
     if not token:

@@ -27,7 +27,7 @@ from parsim.sim.dataparallel_step import (
     need_gil,
     zero_grad_s,
 )
-from parsim.sim.gil import Gil, GilLaunch, gil_thread
+from parsim.sim.gil import Gil, GilLaunch, contention, gil_thread
 from parsim.sim.machine import Machine
 from parsim.sim.predict import simulate
 from parsim.workload import Model, StageCost, Work, mlp_model, model_from_spec, stage_costs
@@ -95,8 +95,8 @@ def gil_assumption(gil: GilCosts) -> str:
     share = gil.handoff_share or 0.0
     where = "(as two threads did)" if gil.handoff_share is not None else "(not measured before 2026-11-27)"
     if gil.launch_curve:
-        one = gil.launch_curve[0][1]
-        curve = ", ".join(f"x{s / one:.2f} at {n}" for n, s in gil.launch_curve if n > 1)
+        factor = contention(gil.launch_curve)
+        curve = ", ".join(f"x{factor(n):.2f} at {n}" for n, _ in gil.launch_curve if n > 1)
         woken = ("while k threads launch, each GIL-held step lasts the launch curve's c_k / c_1 of its time alone "
                  f"({curve}; measured with 1-8 threads launching together), wake-ups included")
     else:
