@@ -98,6 +98,13 @@ class HostCosts:
     # kernel per parameter tensor): the layers' host_s include it; a stage's first gradient action of a step finds
     # .grad None, takes its gradients as they are, and pays this much less per layer
     grad_add_s: float = 0.0
+    # per forward action that comes right after a backward in its rank's program (1F1B's steady state): the
+    # dispatching thread, back from waiting on autograd's worker, runs its first Python slower (docs/model.md)
+    after_backward_s: float = 0.0
+    batch_s: float = 0.0  # per batch of messages posted together, beyond p2p_s per message (torch's batch_isend_irecv)
+    # a rank's host loop, sd over mean from step to step: the step waits for the slowest of its ranks' loops, so
+    # with n ranks every host runs at 1 + E[max of n standard normals] x rank_spread of its own pace (sim.ranks)
+    rank_spread: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,8 @@ class RuntimeCosts:
     # PyTorch's at each measured FLOPs, (flops, ratio) rising; those shapes take these instead of the two scales
     gpu_ratios: dict[str, dict[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
     begin_s: float = 0.0  # once per step and rank, before its first action: copying the batch in (the GPU waits)
+    after_backward_s: float = 0.0  # as HostCosts.after_backward_s, for this runtime's loop
+    batch_s: float = 0.0  # as HostCosts.batch_s
 
 
 @dataclass(frozen=True)
@@ -293,12 +302,14 @@ class Profile:
         """This profile with every host cost (per action, per message, per layer, per step) times `factor`."""
         host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
                        step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor,
-                       begin_s=self.host.begin_s * factor, grad_add_s=self.host.grad_add_s * factor)
+                       begin_s=self.host.begin_s * factor, grad_add_s=self.host.grad_add_s * factor,
+                       after_backward_s=self.host.after_backward_s * factor, batch_s=self.host.batch_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
         runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor,
-                               begin_s=r.begin_s * factor)
+                               begin_s=r.begin_s * factor, after_backward_s=r.after_backward_s * factor,
+                               batch_s=r.batch_s * factor)
                     for k, r in self.runtimes.items()}
         return replace(self, host=host, layers=layers, runtimes=runtimes)
 
@@ -313,10 +324,12 @@ class Profile:
                 if doc["gil"][key] in ({}, None, ()):
                     del doc["gil"][key]
         for costs in (doc["host"], *doc["runtimes"].values()):  # measured for some runtimes only: absent where 0
-            if not costs["begin_s"]:
-                del costs["begin_s"]
-        if not doc["host"]["grad_add_s"]:  # measured since 2026-11-25: absent in older profiles
-            del doc["host"]["grad_add_s"]
+            for key in ("begin_s", "after_backward_s", "batch_s"):  # the last two measured since 2026-11-28
+                if not costs[key]:
+                    del costs[key]
+        for key in ("grad_add_s", "rank_spread"):  # measured since 2026-11-25 and 2026-11-28: absent in older profiles
+            if not doc["host"][key]:
+                del doc["host"][key]
         for spec in doc["collectives"].values():  # measured since 2026-11-27: absent where it was not
             if not spec["compute_share"]:
                 del spec["compute_share"]
@@ -327,11 +340,13 @@ class Profile:
 # 5e-324 FLOP/s or a latency of 1e308 s would). A fit's rate reaches 1e30 where a cost does not grow with the work.
 SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
 RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
-HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s", "grad_add_s")  # host costs a profile may give as 0
+HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s", "grad_add_s", "after_backward_s", "batch_s",
+                      "rank_spread")  # host costs a profile may give as 0
 SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
 CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
 MAX_COUNT = 10**6  # GPUs per node, threads, cores
 WORK = (0.0, 1e30)  # FLOPs of one op at a measured size (a correction's abscissa)
+SPREAD = (0.0, 1.0)  # a time's sd over its mean: beyond 1, a normal loop would often take negative time
 
 
 def _bounds(key: str) -> tuple[float, float]:
@@ -339,6 +354,8 @@ def _bounds(key: str) -> tuple[float, float]:
         return RATES
     if key == "flops":
         return WORK
+    if key == "rank_spread":
+        return SPREAD
     return SECONDS if key.endswith("_s") else SCALES
 
 
@@ -458,7 +475,8 @@ def _runtime_costs(doc: Any, where: str) -> RuntimeCosts:
     if not isinstance(unmeasured, (list, tuple)) or not all(isinstance(u, str) for u in unmeasured):
         raise ProfileError(f"{where}.unmeasured must be a list of field names, got {unmeasured!r}")
     optional = {k: _number(doc, k, where, positive=False) for k in ("gpu_fixed_scale", "accumulate_s", "accumulate_Bps",
-                                                                    "begin_s") if k in doc}
+                                                                    "begin_s", "after_backward_s", "batch_s")
+                if k in doc}
     ratios = doc.get("gpu_ratios", {})
     if not isinstance(ratios, dict) or not all(isinstance(v, dict) for v in ratios.values()):
         raise ProfileError(f"{where}.gpu_ratios must map layer shapes to {{op: [[flops, ratio], ...]}}, got {ratios!r}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.calibrate.host_steps import hw_level, leveled  # noqa: E402
-from hw.calibrate.torch_runtime import runtime_costs  # noqa: E402
+from hw.calibrate.torch_runtime import Posting, runtime_costs  # noqa: E402
 from parsim.profile import LayerCosts, load_profile, save_profile  # noqa: E402
 
 
@@ -47,14 +47,16 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
 
     layers = {k: leveled_layer(v) if k.split("@")[0] == "mlp" else v for k, v in profile.layers.items()}
     new_host = dataclasses.replace(profile.host, action_s=level.action_s, step_s=level.step_s,
-                                   split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s)
+                                   split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s,
+                                   after_backward_s=level.after_backward_s)
     meta = {**profile.meta, "host_level": {"by": f"scripts/relevel_host.py from {samples_path}",
                                            **dataclasses.asdict(level), "grad_add_s": grad_add_s}}
     if given and grad_add_s:
         meta["carried_from_base"] = list(meta.get("carried_from_base") or []) + ["host.grad_add_s"]
     runtimes = dict(profile.runtimes)
     if "torch" in runtimes and any(r["runtime"] == "torch" for r in rows):
-        torch_costs, _, _ = runtime_costs(rows, runtimes["torch"].p2p_s, "p2p_s" not in runtimes["torch"].unmeasured,
+        spec = runtimes["torch"]
+        torch_costs, _, _ = runtime_costs(rows, Posting(spec.p2p_s, spec.batch_s, "p2p_s" not in spec.unmeasured),
                                           grad_add_s)
         runtimes["torch"] = torch_costs
     save_profile(dataclasses.replace(profile, layers=layers, host=new_host, meta=meta, runtimes=runtimes), out)

@@ -62,6 +62,11 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert "R^2" in r.stdout
     # gloo processes measured the posting cost; a CPU says nothing of a GPU node, so its size is carried
     assert "host.p2p_s" not in profile.meta["carried_from_base"] and profile.host.p2p_s > 0
+    # the slowest of the 2 ranks' loops, measured on tiny pipelines of both ranks: its excess and provenance
+    spread = samples["samples"]["rank_spread"]
+    assert {r["schedule"] for r in spread["rows"]} == {"gpipe", "1f1b"} and len(spread["rows"][0]["loops_s"]) == 2
+    assert profile.meta["rank_spread"]["ranks"] == 2 and 0 <= profile.host.rank_spread <= 1
+    assert "ranks' host loops" in r.stdout
     assert "gpus_per_node" in profile.meta["carried_from_base"]
     # no GPU to measure compute beside a waiting kernel: the base's rate, carried and named
     assert profile.resident_comm == load_profile().resident_comm
@@ -86,6 +91,9 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     torch_costs = profile.runtimes["torch"]
     assert torch_costs.layer_host > 0 and "p2p_s" not in torch_costs.unmeasured and torch_costs.p2p_s > 0
     assert samples["meta"]["runtimes"]["torch"]["checked_on"] == "Interleaved1F1B"
+    # its posts: batches of one and of two messages timed apart (1F1B posts both), per batch and per message
+    calls = samples["samples"]["runtimes"]["torch"]["p2p_calls"]
+    assert {n for n, _ in calls} == {1, 2} and torch_costs.batch_s >= 0 and "per batch posted" in r.stdout
     assert {"host torch", "host hw in turns"} <= samples["meta"]["fits"].keys() and "torch runtime:" in r.stdout
     # hw's own host level: its MLP layer's forward + backward host cost is the whole steps' per layer
     level = samples["samples"]["host_level"]
@@ -94,7 +102,7 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
         level["per_layer_s"], rel=1e-6)
     assert profile.host.action_s == level["action_s"] and profile.host.step_s == level["step_s"]
     rows = samples["samples"]["runtimes"]["torch"]["probes"]
-    assert {(row["runtime"], row["schedule"]) for row in rows} == {("hw", "gpipe"), ("torch", "gpipe"),
+    assert {(row["runtime"], row["schedule"]) for row in rows} == {("hw", "gpipe"), ("hw", "1f1b"), ("torch", "gpipe"),
                                                                    ("torch", "1f1b"), ("torch", "interleaved-1f1b")}
     predicted = subprocess.run([sys.executable, "-m", "parsim", "predict", "--runtime", "torch", "--schedule",
                                 "interleaved-1f1b", "--gpus", "2", "--profile", str(out), "--json"],
@@ -288,3 +296,35 @@ def test_attention_is_fitted_per_head_dim_and_a_blocks_matmul_part_is_the_block_
     assert block.backward_input.flops_per_s == pytest.approx(5e14, rel=1e-3)
     assert block.backward_weight.flops_per_s == pytest.approx(7e14, rel=1e-3)
     assert (block.forward.host_s, block.backward_weight.host_s) == (1e-4, 5e-5) and costs["llama"] == block
+
+
+def test_the_host_level_prices_a_forward_after_a_backward_from_gpipe_and_1f1b_order_apart():
+    from hw.calibrate.host_steps import hw_level
+
+    # 1F1B order on one rank: m - 1 forwards right after a backward, each 60 us dearer; GPipe order none
+    rows = [{"runtime": "hw", "schedule": s, "stages": 1, "microbatches": m, "layers": k, "after_backward": after,
+             "step_s": 300e-6 + 2 * m * 90e-6 + m * k * 330e-6 + after * 60e-6}
+            for k in (1, 2, 4, 8) for m in (4, 8, 16) for s, after in (("gpipe", 0), ("1f1b", m - 1))]
+    level = hw_level(rows, spans_per_layer_s=420e-6)
+    assert (level.step_s, level.action_s, level.per_layer_s, level.after_backward_s) == pytest.approx(
+        (300e-6, 90e-6, 330e-6, 60e-6), rel=1e-3)
+    old = hw_level([r for r in rows if r["schedule"] == "gpipe"], spans_per_layer_s=420e-6)
+    assert old.after_backward_s == 0.0  # GPipe order alone (samples before 2026-11-28) cannot tell it: none
+
+
+def test_the_slowest_ranks_excess_is_the_mean_longest_loop_over_the_longest_mean_loop():
+    from hw.calibrate.rank_spread import excess
+
+    # two ranks, each slow at alternate steps: every step's longest loop is 12, each rank's mean 11
+    assert excess([[10.0, 12.0] * 4, [12.0, 10.0] * 4]) == pytest.approx(12 / 11 - 1)
+    assert excess([[10.0] * 8, [12.0] * 8]) == pytest.approx(0.0)  # one rank always the slowest: nothing beyond it
+
+
+def test_torchs_posts_split_into_a_batch_cost_and_a_message_cost():
+    from hw.calibrate.torch_runtime import posting
+
+    calls = [(1, 150e-6), (1, 160e-6), (1, 155e-6), (2, 215e-6), (2, 205e-6)]
+    p = posting(calls)
+    assert (p.op_s, p.batch_s, p.measured) == pytest.approx((55e-6, 100e-6, True))
+    assert posting([(2, 200e-6), (2, 180e-6)]).op_s == pytest.approx(95e-6)  # one size only: all per message
+    assert posting([(1, 100e-6), (2, 90e-6)]).op_s == 0.0  # a second message never costs less than none

@@ -309,25 +309,35 @@ def test_a_turns_jobs_take_one_timed_step_each_per_round(monkeypatch):
 
 # --- calibration --------------------------------------------------------------------------------------------------
 
-def _probe_rows(step_s: float, action_s: float, layer_s: float, hw_layer_s: float) -> list[dict]:
-    """Probe rows whose steps follow the fitted form exactly: torch's GPipe, 1F1B, interleaved; hw's GPipe."""
+def _probe_rows(step_s: float, action_s: float, layer_s: float, hw_layer_s: float, after_s: float = 0.0,
+                ) -> list[dict]:
+    """Probe rows whose steps follow the fitted form exactly: torch's GPipe, 1F1B, interleaved; hw's GPipe and 1F1B
+    (a forward right after a backward paying after_s more)."""
+    from parsim.runtimes.torch_pipelining import TORCH
+    from parsim.schedules import build
+    from parsim.sim.lower import forwards_after_backward
+
     rows = []
     for k in (1, 2, 4, 8):
         for m in (4, 8, 16):
-            for runtime, schedule, stages, per_layer in (("hw", "gpipe", 1, hw_layer_s), ("torch", "gpipe", 1, layer_s),
+            for runtime, schedule, stages, per_layer in (("hw", "gpipe", 1, hw_layer_s), ("hw", "1f1b", 1, hw_layer_s),
+                                                         ("torch", "gpipe", 1, layer_s),
                                                          ("torch", "1f1b", 1, layer_s),
                                                          ("torch", "interleaved-1f1b", 2, layer_s)):
-                step = step_s + 2 * m * stages * action_s + m * stages * k * per_layer
+                built = TORCH.build(schedule, 1, m) if runtime == "torch" else build(schedule, 1, m)
+                after = len(forwards_after_backward(built))
+                step = step_s + 2 * m * stages * action_s + m * stages * k * per_layer + after * after_s
                 rows.append({"runtime": runtime, "schedule": schedule, "stages": stages, "microbatches": m,
-                             "layers": k, "step_s": step})
+                             "layers": k, "after_backward": after, "step_s": step})
     return rows
 
 
 def test_torchs_host_costs_are_recovered_from_steps_that_follow_the_loop_model():
-    from hw.calibrate.torch_runtime import runtime_costs
+    from hw.calibrate.torch_runtime import Posting, runtime_costs
 
-    costs, fits, provenance = runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6), 12e-6, p2p_measured=False)
+    costs, fits, provenance = runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6, 40e-6), Posting(12e-6))
     assert costs.step_s == pytest.approx(300e-6, rel=1e-4) and costs.action_s == pytest.approx(80e-6, rel=1e-4)
+    assert costs.after_backward_s == pytest.approx(40e-6, rel=1e-3)  # 1F1B order's forwards, apart
     assert costs.layer_host == pytest.approx(1.5, rel=1e-4)  # torch's per-layer cost against hw's, same rounds
     assert costs.p2p_s == 12e-6 and "p2p_s" in costs.unmeasured
     assert not any(f.poor for f in fits.values()) and fits["host torch"].r2 > 0.9999
@@ -343,10 +353,11 @@ def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(
     from hw.calibrate import torch_runtime as torch_costs
     from parsim.profile import Profile, load_profile, profile_json
 
-    fitted = {"torch": np.array([300e-6, 80e-6, 150e-6]), "hw": np.array([200e-6, 50e-6, hw_layer_s])}
+    fitted = {"torch": np.array([300e-6, 80e-6, 150e-6, 0.0]), "hw": np.array([200e-6, 50e-6, hw_layer_s, 0.0])}
     monkeypatch.setattr(torch_costs, "fit_loop", lambda rows, grad_add_s=0.0: (fitted[rows[0]["runtime"]], None))
     monkeypatch.setattr(torch_costs, "quality", lambda params, rows, grad_add_s=0.0: None)
-    costs, _, _ = torch_costs.runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6), 12e-6, p2p_measured=True)
+    costs, _, _ = torch_costs.runtime_costs(_probe_rows(300e-6, 80e-6, 150e-6, 100e-6),
+                                            torch_costs.Posting(12e-6, 0.0, True))
     assert costs.layer_host == pytest.approx(layer_host or 1.0)
     assert ("layer_host" in costs.unmeasured) == (layer_host is None)
     profile = load_profile(None)
@@ -354,12 +365,12 @@ def test_a_per_layer_ratio_over_hws_slope_fitted_at_zero_is_carried_not_written(
 
 
 def test_an_interleaved_step_the_fit_does_not_predict_is_a_poor_check():
-    from hw.calibrate.torch_runtime import CHECKED, runtime_costs
+    from hw.calibrate.torch_runtime import CHECKED, Posting, runtime_costs
 
     rows = _probe_rows(300e-6, 80e-6, 150e-6, 100e-6)
     for r in rows:
         if r["schedule"] == CHECKED:
             r["step_s"] *= 1.3  # interleaved pays 30% more than GPipe and 1F1B's loop says
-    costs, fits, _ = runtime_costs(rows, 12e-6, p2p_measured=True)
+    costs, fits, _ = runtime_costs(rows, Posting(12e-6, 0.0, True))
     assert fits[f"host torch {CHECKED} (check)"].poor and not fits["host torch"].poor
     assert "p2p_s" not in costs.unmeasured

@@ -10,7 +10,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
      (hw.calibrate.host_steps), the timers giving each op's share;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
-  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs;
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs; how far the slowest
+     of the ranks' host loops sets a tiny pipeline's step over the mean (hw.calibrate.rank_spread);
   6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.calibrate.graphs_runtime).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
 """
@@ -43,6 +44,7 @@ from hw.calibrate.layers import (
     stretched,
 )
 from hw.calibrate.links import copy_links, gpu_links
+from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
 from parsim import flags
 from parsim.errors import ParsimError
 from parsim.files import check_output
@@ -186,6 +188,7 @@ def main(args: argparse.Namespace) -> int:
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
             "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
+            **({"rank_spread": _spread_meta(samples["rank_spread"])} if "rank_spread" in samples else {}),
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
     memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
@@ -199,16 +202,29 @@ def main(args: argparse.Namespace) -> int:
                  else "(a check: their costs follow hw's runner's stages)"))
     print(f"adding gradients into .grad: {profile.host.grad_add_s * 1e6:.1f} us of host time per layer (a stage's "
           f"first backward of a step adds none)")
+    print(f"a forward right after a backward: {profile.host.after_backward_s * 1e6:.1f} us more of host time")
+    if "rank_spread" in samples:
+        print(f"the slowest of {meta['rank_spread']['ranks']} ranks' host loops: "
+              f"+{samples['rank_spread']['excess']:.1%} over the mean (tiny pipelines), a loop's spread "
+              f"{profile.host.rank_spread:.3f}")
     for name, costs in profile.runtimes.items():
         if name in samples["runtimes"]:
             print(f"{name} runtime: {costs.action_s * 1e6:.1f} us per action, {costs.step_s * 1e6:.1f} us per step, "
-                  f"per layer x{costs.layer_host:.3f} of hw's runner's, {costs.p2p_s * 1e6:.1f} us per message"
+                  f"per layer x{costs.layer_host:.3f} of hw's runner's, {costs.p2p_s * 1e6:.1f} us per message, "
+                  f"{costs.batch_s * 1e6:.1f} us per batch posted, {costs.after_backward_s * 1e6:.1f} us per "
+                  f"forward after a backward"
                   + (f" (unmeasured: {', '.join(costs.unmeasured)})" if costs.unmeasured else ""))
     if "graphs" in samples:
         from hw.calibrate.graphs_runtime import report_lines
 
         print("\n".join(report_lines(samples["graphs"])))
     return 0
+
+
+def _spread_meta(spread: dict) -> dict:
+    """The rank spread's provenance: its excess on how many ranks, per probed schedule (hw.calibrate.rank_spread)."""
+    return {"excess": spread["excess"], "ranks": spread["rows"][0]["ranks"], "by": "hw.calibrate.rank_spread",
+            "excess_by_schedule": {r["schedule"]: r["excess"] for r in spread["rows"]}}
 
 
 def _torch_costs(profile: Profile, cpu: bool, gpus: int, host_steps: list[dict]) -> tuple:
@@ -320,6 +336,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         samples["transformer"] = transformer_samples
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
+    rank_spread = 0.0
     if count >= 2:
         sizes = [1 << k for k in range(12, 29 if not cpu else 21, 2)]
         nvlink, allreduce, gpu_fits, raw = gpu_links(count, "cpu" if cpu else "cuda", sizes)
@@ -327,6 +344,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         links["nvlink"], collectives["allreduce"] = nvlink, allreduce
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
         samples["gpu_links"] = dataclasses.asdict(raw)
+        rank_spread, samples["rank_spread"] = measure_rank_spread(count, "cpu" if cpu else "cuda",
+                                                                  "fp32" if cpu else "bf16")
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"]) \
@@ -334,7 +353,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     if resident_rows is not None:
         samples["resident_comm"] = resident_rows
     profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
-                                             split_backward_s=host.get("split_backward_s", 0.0), grad_add_s=grad_add_s),
+                                             split_backward_s=host.get("split_backward_s", 0.0), grad_add_s=grad_add_s,
+                                             after_backward_s=level.after_backward_s, rank_spread=rank_spread),
                       layers, collectives=collectives, resident_comm=resident)
     if "graphs" in runtimes:
         from hw.calibrate.graphs_runtime import calibrate_graphs

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -82,6 +82,7 @@ class RankTiming:
     timeline: list[tuple[str, float, float]]  # (action, start, end) of each compute in that step (ActionTimer)
     peak_memory_bytes: int | None  # the job's own peak on the GPU (own_peak); None on the CPU
     graph_pool_bytes: dict[str, int] | None  # a graphed runner's pool ("reserved", "allocated"); None for others
+    loops: list[list[float]] = field(default_factory=list)  # per sample, each step's host loop (the runner's call)
 
 
 def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) -> list[list[RankTiming | None]]:
@@ -165,6 +166,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
             stepper()
             stepped()
     blocks: list[list[list[float]]] = [[] for _ in steppers]
+    loops: list[list[list[float]]] = [[] for _ in steppers]
     peaks = [0] * len(steppers)
     observe = _killer(rank)
     lead = len(steppers) > 1 and device.type == "cuda"
@@ -180,12 +182,16 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
                 settle()
                 others = _others_bytes(device, stepper)
                 block: list[float] = []
+                loop: list[float] = []
                 for _ in range(paces[k].block):
                     t0 = time.perf_counter()
                     stepper(observe)
+                    t1 = time.perf_counter()
                     settle()
                     block.append(time.perf_counter() - t0)
+                    loop.append(t1 - t0)
                 blocks[k].append(block)
+                loops[k].append(loop)
             peaks[k] = max(peaks[k], own_peak(_peak(device), others))
             stepped()
     out: list[RankTiming] = []
@@ -204,7 +210,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
             stepped()
         per_op = {f"{s}:{op}": statistics.mean(v) for (s, op), v in timer.seconds().items()}
         out.append(RankTiming([statistics.mean(b) for b in blocks[k]], blocks[k], per_op, timer.timeline(),
-                              peaks[k] if device.type == "cuda" else None, stepper.graph_pool_bytes()))
+                              peaks[k] if device.type == "cuda" else None, stepper.graph_pool_bytes(), loops[k]))
     return out
 
 

@@ -71,6 +71,7 @@ def run_by(profile: Profile, name: str, spec: RuntimeCosts) -> Profile:
         carried = list(meta.get("carried_from_base") or [])
         meta["carried_from_base"] = carried + [f"{name}.{f}" for f in spec.unmeasured]
     host = replace(profile.host, action_s=spec.action_s, p2p_s=spec.p2p_s, step_s=spec.step_s, begin_s=spec.begin_s,
+                   after_backward_s=spec.after_backward_s, batch_s=spec.batch_s,
                    split_backward_s=profile.host.split_backward_s * spec.layer_host,
                    grad_add_s=profile.host.grad_add_s * spec.layer_host)
     kernels = profile.kernels

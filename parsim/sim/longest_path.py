@@ -25,6 +25,7 @@ from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import (
     GRADIENT_OPS,
     compute_launches,
+    host_extras,
     last_gradient_actions,
     link_for,
     message_bytes,
@@ -73,6 +74,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
     launches = compute_launches(costs, profile)
+    extras = host_extras(schedule, profile)
     add_s = gradient_adds(profile, costs)
     rules = stage_waits(schedule)
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
@@ -99,7 +101,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
             walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
-                                 len(walkers), work, channels, host))
+                                 len(walkers), work, channels, host, extras))
         tables.append(end)
     total = sum(map(len, schedule.actions)) * data_parallel
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
@@ -212,7 +214,8 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
 def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
           messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
           more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
-          work: list[int], channels: list[_Channel], host: _Host) -> Iterator[None]:
+          work: list[int], channels: list[_Channel], host: _Host,
+          extras: dict[Action, float] | None = None) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
@@ -231,6 +234,8 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                 else:
                     host_s, first_s = fresh_host_s, fresh_first_s
                     graded.add(s)
+            if extras and a in extras:  # lowering's host_extras, as lowering adds them
+                host_s, first_s = host_s + extras[a], first_s + extras[a]
             ready = free
             for dep in dep_rows:
                 e = dep[i]
@@ -280,8 +285,9 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                     work.extend(waiters)
             continue
         first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]  # type: ignore[misc]  # a stage that posts it has it
-        avail = t + p2p_s
-        t += p2p_s
+        post_s = p2p_s + extras.get(a, 0.0) if extras else p2p_s
+        avail = t + post_s
+        t += post_s
         ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
         if is_send:  # its place on the channel, at this end: both ends must agree (NCCL matches messages in order)
             place = channel.sent

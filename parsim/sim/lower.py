@@ -14,6 +14,7 @@ from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
+BACKWARD_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT})
 
 
 def compute_track(rank: int) -> str:
@@ -115,7 +116,8 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     firsts = first_gradient_actions(schedule)
     parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
-    _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts)
+    _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts,
+                   host_extras(schedule, profile))
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
@@ -179,9 +181,11 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
 
 def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    p2p_s: float, copy_streams: bool, gpu_offset: int, ops: OpTable,
-                   parts_of: dict[Action, list[Task]], firsts: frozenset[Action]) -> None:
-    """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs), and each
-    op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk waits for them."""
+                   parts_of: dict[Action, list[Task]], firsts: frozenset[Action],
+                   extras: dict[Action, float] | None = None) -> None:
+    """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs, `extras`
+    beside), and each op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk
+    waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
@@ -201,18 +205,47 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
                 dep = ops_of[d_kind][d_stage][d_mb]
                 if dep is not waiter and dep not in waiter_deps:
                     waiter_deps.append(dep)
+            extra = extras.get(a, 0.0) if extras else 0.0
             if kind not in COMPUTE_OPS:
-                append(new_tuple(Launch, (op, p2p_s, p2p_s)))
+                append(new_tuple(Launch, (op, p2p_s + extra, p2p_s + extra)))
                 continue
             _, _, host_s, first_s, fresh_host_s, fresh_first_s = launches[kind][stage]
             if kind in GRADIENT_OPS and a in firsts:
                 host_s, first_s = fresh_host_s, fresh_first_s
+            host_s, first_s = host_s + extra, first_s + extra
             if parts is None:
                 append(new_tuple(Launch, (op, host_s, first_s)))
                 continue
             n = len(parts)
             for part in parts:
                 append(new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))))
+
+
+def host_extras(schedule: Schedule, profile: Profile) -> dict[Action, float] | None:
+    """Host seconds some actions pay beyond their own costs, by where they sit in their rank's program: a forward
+    right after a backward (host.after_backward_s), the first message of each batch posted together (host.batch_s).
+    Both engines add them as they are, before the action's first launch; None where there are none."""
+    after, batch = profile.host.after_backward_s, profile.host.batch_s
+    extras: dict[Action, float] = dict.fromkeys(forwards_after_backward(schedule), after) if after > 0 else {}
+    if batch > 0 and schedule.comm is not None:
+        for batches in schedule.comm.batches:
+            for posted in batches:
+                if posted:
+                    extras[posted[0]] = extras.get(posted[0], 0.0) + batch
+    return extras or None
+
+
+def forwards_after_backward(schedule: Schedule) -> list[Action]:
+    """The forwards that come right after a backward (B, I or W) among their rank's computes."""
+    found = []
+    for acts in schedule.actions:
+        previous = None
+        for a in acts:
+            if a.op in COMPUTE_OPS:
+                if a.op == ActionOp.FORWARD and previous in BACKWARD_OPS:
+                    found.append(a)
+                previous = a.op
+    return found
 
 
 def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
