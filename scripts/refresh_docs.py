@@ -18,6 +18,7 @@ A block is the text between a marker comment and `<!-- end -->`; the marker says
   <!-- accuracy -->              a table whose 2nd column links a results CSV of `hw validate`: columns 3-5 become
                                  its points (GPU-bound ones), median / worst error over all of them and over the
                                  GPU-bound ones, re-predicted from the shipped profile as `parsim compare` does
+  <!-- accuracy: PROFILE -->     the same, re-predicted from PROFILE (the calibration of the machine it ran on)
   <!-- profile -->               two tables of the shipped profile's figures (parsim/profiles/default.json)
 FILE is relative to the document's folder, as its links are.
 """
@@ -259,16 +260,19 @@ def fill_measured(block: Block, refresh: bool) -> str:
 # --- accuracy -----------------------------------------------------------------------------------------------
 
 @functools.cache  # the README and docs/measurements.md share their CSVs
-def accuracy_cells(csv_path: Path, runtime: str | None = None) -> tuple[str, ...]:
-    """Points (GPU-bound), and median / worst error over all and over GPU-bound points, from the shipped profile;
-    only the points `runtime` ran where it is named."""
+def accuracy_cells(csv_path: Path, runtime: str | None = None, profile_path: Path | None = None) -> tuple[str, ...]:
+    """Points (GPU-bound), and median / worst error over all and over GPU-bound points, from the shipped profile (or
+    `profile_path`); only the points `runtime` ran where it is named."""
     from parsim.compare import mark_host_sensitive, read_points, repredict, summary
     from parsim.profile import load_profile
 
-    shipped = load_profile(None)
+    profile = load_profile(profile_path)
     points = [p for p in read_points(csv_path) if runtime is None or p.runtime == runtime]
-    points = mark_host_sensitive(repredict(points, shipped), shipped)
-    every, bound = summary(points), summary([p for p in points if not p.host_sensitive])
+    points = mark_host_sensitive(repredict(points, profile), profile)
+    every, gpu_bound = summary(points), [p for p in points if not p.host_sensitive]
+    if not gpu_bound:  # every point host-sensitive
+        return f"{every['points']} (0)", f"{every['median_abs_error']:.1%} / {every['max_abs_error']:.1%}", "-"
+    bound = summary(gpu_bound)
     return (f"{every['points']} ({bound['points']})",
             *(f"{s['median_abs_error']:.1%} / {s['max_abs_error']:.1%}" for s in (every, bound)))
 
@@ -283,7 +287,8 @@ def fill_accuracy(block: Block, refresh: bool) -> str:
         link = re.search(r"\]\(([^)#]+\.csv)(?:#runtime=([\w-]+))?\)", cells[1]) if len(cells) == 5 else None
         if not link:
             raise DocError(f"an accuracy row has 5 columns and links a results CSV in its 2nd: {line!r}")
-        cells[2:] = accuracy_cells((block.path.parent / link[1]).resolve(), link[2])
+        profile = (block.path.parent / block.arg).resolve() if block.arg else None
+        cells[2:] = accuracy_cells((block.path.parent / link[1]).resolve(), link[2], profile)
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 

@@ -6,7 +6,7 @@ action_s + layers x per_layer_s). torch's per-layer cost is given against hw's f
 torch's / hw's), since the profile's per-layer host costs are hw's runner's, per kind and op. Interleaved 1F1B is
 not fitted: the fit predicts it, as a check. torch's steps are timed unpinned and hw's pinned, as hw measure times
 each. The cost of posting a message takes two ranks: with 2+ GPUs it is timed around torch's own _batch_p2p calls
-(a tiny 1F1B on ranks 0 and 1), else carried from the base profile and listed as unmeasured.
+(a tiny GPipe and 1F1B on ranks 0 and 1, in turns), else carried from the base profile and listed as unmeasured.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def runtime_costs(rows: list[dict], p2p: Posting, grad_add_s: float = 0.0,
 
 # --- posting a message, on two ranks ---------------------------------------------------------------------------
 
-WARM, POSTED_STEPS = 3, 20  # steps of the tiny 1F1B before its posts are timed, and timed: 4 one-message batches a step
+WARM, POSTED_STEPS = 3, 10  # steps of each tiny pipeline before its posts are timed, and timed
 
 
 @dataclass(frozen=True)
@@ -73,21 +73,24 @@ class Posting:
 
 
 def _p2p_worker(rank: int, world: int, device: torch.device) -> list[tuple[int, float]]:
-    """(messages, host seconds) of each of torch's _batch_p2p calls in a tiny 1F1B on ranks 0 and 1, each with the
-    wait on its works that follows it (_wait_batch_p2p): 1F1B posts batches of one and of two."""
+    """(messages, host seconds) of each of torch's _batch_p2p calls in a tiny GPipe and 1F1B on ranks 0 and 1,
+    stepped in turns, each with the wait on its works that follows it (_wait_batch_p2p): GPipe posts every message
+    alone, 1F1B most in twos (its one-message batches are its warm-up's and cool-down's only)."""
     import torch.distributed.pipelining.schedules as schedules
 
     from hw.run.runtimes import job_groups, runner_factory
     from hw.run.stage_runner import Groups, replica_batch
 
-    m = 16
-    schedule, model = TORCH.build("1f1b", 2, m), host_stage("mlp", 2, 8 * m)
-    made = job_groups("torch", schedule, Groups())  # every rank joins the group calls
-    spans: list[tuple[int, float]] = []
+    m, groups = 16, Groups()
+    model = host_stage("mlp", 2, 8 * m)
+    schedules_made = [(s, job_groups("torch", s, groups)) for s in (TORCH.build(n, 2, m) for n in ("gpipe", "1f1b"))]
+    spans: list[tuple[int, float]] = []  # every rank joins the group calls above
     waits: list[float] = []
     if rank < 2:
-        runner, _, _ = runner_factory("torch")(schedule, model, rank, device, torch.float32, made)
-        io = replica_batch(model, schedule, 0, 1, device, torch.float32)
+        steppers = []
+        for schedule, made in schedules_made:
+            runner, _, _ = runner_factory("torch")(schedule, model, rank, device, torch.float32, made)
+            steppers.append((runner, replica_batch(model, schedule, 0, 1, device, torch.float32)))
         post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
 
         def timed_post(p2p_ops: list[dist.P2POp], desc: str | None = None) -> list[dist.Work]:
@@ -106,9 +109,10 @@ def _p2p_worker(rank: int, world: int, device: torch.device) -> list[tuple[int, 
         for k in range(WARM + POSTED_STEPS):
             if k == WARM:
                 schedules._batch_p2p, schedules._wait_batch_p2p, spans[:], waits[:] = timed_post, timed_wait, [], []
-            runner.step(io)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            for runner, io in steppers:
+                runner.step(io)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
         schedules._batch_p2p, schedules._wait_batch_p2p = post, wait
     wait_s = statistics.median(waits) if waits else 0.0
     return [(n, span + wait_s) for n, span in spans]

@@ -7,9 +7,8 @@ loop's sd. The model's ranks are deterministic, so a host-bound step is priced a
 
 from __future__ import annotations
 
-from functools import cache
-
 import math
+from functools import cache
 
 from scipy import integrate, special
 
