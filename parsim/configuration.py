@@ -11,7 +11,6 @@ from parsim.profile import Profile
 from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime
 from parsim.schedules import Schedule
 from parsim.sim.predict import Prediction, Simulation, check_sizes, predict_schedule
-from parsim.sim.slowest import slowest_factor
 from parsim.workload import Model, check_balance, microbatch_tokens, partitioned, stage_layers
 
 Partition = str | tuple[int, ...]  # "equal" layer counts, "time" (balanced by the profile), or layers per stage
@@ -50,11 +49,8 @@ class Prepared:
 
     @cached_property
     def run_profile(self) -> Profile:
-        """The profile with the runtime's host and GPU costs in place of hw's runner's (Runtime.costs), its hosts at
-        the pace of the slowest of the step's ranks (parsim.sim.slowest): the one-GPU baseline has one."""
-        costs = self.runtime.costs(self.profile)
-        factor = slowest_factor(self.profile.host.rank_spread, self.config.gpus)
-        return costs.with_host_slower(factor) if factor != 1.0 else costs
+        """The profile with the runtime's host and GPU costs in place of hw's runner's (Runtime.costs)."""
+        return self.runtime.costs(self.profile)
 
     @cached_property
     def model(self) -> Model:

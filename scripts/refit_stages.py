@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw.calibrate.graphs_runtime import gpu_ratios  # noqa: E402
-from hw.calibrate.layers import IN_STEP_MODELS, stretched  # noqa: E402
+from hw.calibrate.layers import IN_STEP_MODELS, in_step_factor, stretched  # noqa: E402
 from hw.calibrate.stage_probe import stage_corrections  # noqa: E402
 from parsim.profile import load_profile, save_profile  # noqa: E402
 from parsim.workload import stage_costs  # noqa: E402
@@ -36,7 +36,8 @@ def refit(profile_path: Path, out: Path, samples_path: Path) -> str:
     applied = slow["factor"] if slow.get("applied", True) else 1.0
     layers = stage_corrections(mlp_times(profile.layers, 1 / applied), rows)
     fitted = stage_costs(IN_STEP_MODELS["mlp"](), 1, 1, dataclasses.replace(profile, layers=layers))[0]
-    factor = max(slow["in_step_s"] / (fitted.forward.gpu_s + fitted.backward.gpu_s), 1.0)  # a check, as calibrate's
+    factor, _ = in_step_factor(fitted.forward.gpu_s + fitted.backward.gpu_s, slow["in_step_s"],
+                               slow.get("host_s", 0.0), slow.get("lead_s", 0.0))  # a check, as calibrate's
     new = dataclasses.replace(profile, layers=layers)
     ratios = gpu_ratios(samples["graphs"]["gpu"], new) if "graphs" in samples else {}
     runtimes = {k: (dataclasses.replace(v, gpu_ratios=ratios[k]) if k in ratios else v)

@@ -330,3 +330,19 @@ def test_torchs_posts_split_into_a_batch_cost_and_a_message_cost():
     assert (p.op_s, p.batch_s, p.measured) == pytest.approx((55e-6, 100e-6, True))
     assert posting([(2, 200e-6), (2, 180e-6)]).op_s == pytest.approx(95e-6)  # one size only: all per message
     assert posting([(1, 100e-6), (2, 90e-6)]).op_s == 0.0  # a second message never costs less than none
+
+
+def test_a_host_bound_in_step_probe_is_refused_and_a_led_one_kept():
+    """The fresh 4 x H100 of 2026-11-27 read x2.094 from a host-bound --transformer model: its spans held the GPU's
+    waits for the host. Synthetic timings of such a probe: unled, refused (1, with the reason); led past the host's
+    shortfall, its factor kept; a GPU-bound probe's kept as before."""
+    from hw.calibrate.layers import in_step_factor
+
+    fitted, host = 10e-3, 22e-3  # the host issues the step in over twice the GPU's fitted time
+    factor, why = in_step_factor(fitted, 20.9e-3, host, 1e-3)  # led 1 ms: the spans are the host's pace
+    assert factor == 1.0 and why.startswith("refused, host-bound") and "22.00 ms" in why
+    factor, why = in_step_factor(fitted, 10.5e-3, host, 1e-3 + 1.2 * host)  # led past the host: GPU time
+    assert factor == pytest.approx(1.05) and not why.startswith("refused")
+    factor, _ = in_step_factor(fitted, 11e-3, 4e-3, 1e-3)  # GPU-bound: the host keeps ahead unled
+    assert factor == pytest.approx(1.1)
+    assert in_step_factor(fitted, 9e-3, 4e-3, 1e-3)[0] == 1.0  # never a speed-up

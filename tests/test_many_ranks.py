@@ -94,6 +94,9 @@ def test_the_slowest_of_n_ranks_slows_a_host_bound_step_by_its_factor_and_leaves
         # every cost but a few FLOPs' worth of GPU time is the host's
         assert ratio == pytest.approx(slowest_factor(spread, gpus), rel=1e-6)
         assert ratio == pytest.approx(1 + expected_max(gpus) * spread, rel=1e-6)
+    built = build("gpipe", 2, 8)  # a built schedule predicted as it is: the same pace
+    ratio = predict_schedule(built, MODEL, spreading)[0].step_time_s / predict_schedule(built, MODEL, plain)[0].step_time_s
+    assert ratio == pytest.approx(slowest_factor(spread, 2), rel=1e-6)
     one = Configuration(MODEL, "gpipe", 1, 8)
     assert predict(one, spreading)[0].step_time_s == predict(one, plain)[0].step_time_s
     pair = predict(Configuration(MODEL, "gpipe", 2, 8), spreading)[0]

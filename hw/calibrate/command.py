@@ -199,7 +199,8 @@ def main(args: argparse.Namespace) -> int:
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} "
               + ("applied to their costs" if slow.get("applied", True)
-                 else "(a check: their costs follow hw's runner's stages)"))
+                 else "(a check: their costs follow hw's runner's stages)")
+              + (f": {slow['evidence']}" if "evidence" in slow else ""))
     print(f"adding gradients into .grad: {profile.host.grad_add_s * 1e6:.1f} us of host time per layer (a stage's "
           f"first backward of a step adds none)")
     print(f"a forward right after a backward: {profile.host.after_backward_s * 1e6:.1f} us more of host time")

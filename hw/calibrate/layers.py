@@ -13,14 +13,14 @@ from tqdm import tqdm
 
 from hw.calibrate.fit import WEIGHT_GRAD_FLOOR, Fit, fit_affine, weight_grad_s
 from hw.nets.blocks import LAYER_KINDS
-from hw.timing import gpu_time_s, sync
+from hw.timing import LEAD_MARGIN, duty_lead_s, gpu_time_s, slowest_issue_s, spin, sync
 from parsim.profile import LayerCosts, OpCost, Profile
 from parsim.workload import Layer, Model, conv_model, mlp_model
 
 LEAD_CYCLES = 20_000_000  # a spin kernel of ~10 ms on an H200: longer than the host takes to queue what follows
 
 
-IN_STEP_LEAD_CYCLES = 2_000_000  # ~1 ms: short beside a step, so the GPU stays as loaded as in hw measure
+IN_STEP_LEAD_S = 1e-3  # the least lead: short beside a step, so the GPU stays as loaded as in hw measure
 
 
 LAYER_DEPTH = 4  # layers per timing: each reads the one before's output where it can, as in a real stage
@@ -76,11 +76,16 @@ def _layer_sample(layer: Layer, blocks: list[nn.Module], stack: nn.Sequential, n
             "forward_s": fwd, "backward_input_s": input_grad, "backward_s": full}
 
 
-def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> float:
-    """GPU time of one micro-batch's forward plus backward of `model` inside hw's real step on one GPU.
+def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype, fitted_s: float,
+                  ) -> tuple[float, float, float]:
+    """GPU time of one micro-batch's forward plus backward of `model` inside hw's real step on one GPU, the host's
+    slowest time to issue that step, and the lead the GPU was given before each timed step.
 
     CUDA events around the actions of hw's own executor, over ~1 s of steps: at the clocks of a GPU
-    under sustained load, with whatever a real step adds to the layers' kernels.
+    under sustained load, with whatever a real step adds to the layers' kernels. Each timed step follows a spin that
+    covers what the host takes to issue it beyond the GPU's `fitted_s` (timing.duty_lead_s; all of it where the host
+    is over twice as slow), so that the spans time the GPU alone even where the host is the slower: a host-bound
+    model's spans would otherwise hold the GPU's waits for the host.
     """
     from hw.run.observers import ActionTimer
     from hw.run.stage_runner import local_runner
@@ -88,14 +93,36 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype) -> flo
 
     runner, io = local_runner(model, gpipe(1, 1), device, dtype)
     timer = ActionTimer(device)
-    for step in range(25):
+
+    def clear() -> None:
         for p in runner.stages[0].parameters():
             p.grad = None
-        if step >= 15:  # a ~1 ms spin first, so the host has queued the first layer before the GPU gets to it:
-            torch.cuda._sleep(IN_STEP_LEAD_CYCLES)  # the spans time the GPU alone; the model adds the host's lead
+
+    for _ in range(3):
+        clear()
+        runner.step(io)
+    host_s = slowest_issue_s(lambda: runner.step(io), device, setup=clear)
+    shortfall = duty_lead_s(fitted_s, host_s)
+    lead_s = IN_STEP_LEAD_S + (LEAD_MARGIN * host_s if shortfall is None else shortfall)
+    for step in range(25):
+        clear()
+        if step >= 15:  # the host queues the step ahead of the GPU: the spans time the GPU, the model adds the host
+            spin(lead_s)
         runner.step(io, timer if step >= 15 else None)
     sync(device)
-    return sum(statistics.median(v) for v in timer.seconds().values())
+    return sum(statistics.median(v) for v in timer.seconds().values()), host_s, lead_s
+
+
+def in_step_factor(fitted_s: float, in_step_s: float, host_s: float, lead_s: float) -> tuple[float, str]:
+    """The in-step slowdown its probe gives (in-step over fitted GPU time, at least 1) with its evidence, or 1 with
+    the reason it is refused: where the host took longer to issue the step than the GPU's lead and its work
+    (the fitted or the timed, whichever is less), the GPU waited for the host inside the spans, which is no
+    slowdown of the layers (a host-bound probe)."""
+    evidence = (f"the spans {in_step_s * 1e3:.2f} ms against {fitted_s * 1e3:.2f} ms fitted, the host "
+                f"{host_s * 1e3:.2f} ms to issue the step behind a {lead_s * 1e3:.2f} ms lead")
+    if host_s - min(fitted_s, in_step_s) > lead_s:
+        return 1.0, f"refused, host-bound: {evidence}"
+    return max(in_step_s / fitted_s, 1.0), evidence
 
 
 IN_STEP_MODELS = {"mlp": lambda: mlp_model(16, 2048, 8192), "conv": lambda: conv_model()}  # one per family
@@ -128,10 +155,11 @@ def in_step_slowdowns(costs: dict[str, LayerCosts], base: Profile, device: torch
             continue
         model = (models or {}).get(family) or IN_STEP_MODELS[family]()
         fitted = stage_costs(model, 1, 1, dataclasses.replace(base, layers=costs))[0]
-        in_step = in_step_gpu_s(model, device, dtype)
-        out[family] = {"model": model.name, "fitted_s": fitted.forward.gpu_s + fitted.backward.gpu_s,
-                       "in_step_s": in_step}
-        out[family]["factor"] = max(in_step / out[family]["fitted_s"], 1.0)
+        fitted_s = fitted.forward.gpu_s + fitted.backward.gpu_s
+        in_step, host_s, lead_s = in_step_gpu_s(model, device, dtype, fitted_s)
+        factor, evidence = in_step_factor(fitted_s, in_step, host_s, lead_s)
+        out[family] = {"model": model.name, "fitted_s": fitted_s, "in_step_s": in_step, "host_s": host_s,
+                       "lead_s": lead_s, "factor": factor, "evidence": evidence}
     return out
 
 

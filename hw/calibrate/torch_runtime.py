@@ -28,6 +28,16 @@ from parsim.profile import SCALES, RuntimeCosts
 from parsim.runtimes.torch_pipelining import CLASSES, TORCH, TORCH_VERSION
 
 
+@dataclass(frozen=True)
+class Posting:
+    """What torch's loop pays the host to post messages: per batch_isend_irecv call and waiting on it (batch_s),
+    and per message in it (op_s); measured on two ranks, or carried."""
+
+    op_s: float
+    batch_s: float = 0.0
+    measured: bool = False
+
+
 def runtime_costs(rows: list[dict], p2p: Posting, grad_add_s: float = 0.0,
                   ) -> tuple[RuntimeCosts, dict[str, Fit], dict]:
     """torch's RuntimeCosts from the probe rows (each stage's first backward of a step saving grad_add_s per layer,
@@ -60,16 +70,6 @@ def runtime_costs(rows: list[dict], p2p: Posting, grad_add_s: float = 0.0,
 # --- posting a message, on two ranks ---------------------------------------------------------------------------
 
 WARM, POSTED_STEPS = 3, 10  # steps of each tiny pipeline before its posts are timed, and timed
-
-
-@dataclass(frozen=True)
-class Posting:
-    """What torch's loop pays the host to post messages: per batch_isend_irecv call and waiting on it (batch_s),
-    and per message in it (op_s); measured on two ranks, or carried."""
-
-    op_s: float
-    batch_s: float = 0.0
-    measured: bool = False
 
 
 def _p2p_worker(rank: int, world: int, device: torch.device) -> list[tuple[int, float]]:

@@ -18,6 +18,7 @@ from parsim.sim.longest_path import settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
 from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import Slower, early_receives, settle_sharing
+from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, stage_costs
 
 
@@ -188,7 +189,9 @@ def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bo
 def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
                      data_parallel: int, runtime: str) -> tuple[Prediction, Simulation]:
     """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
-    one-GPU baseline, which hw's eager runner runs."""
+    one-GPU baseline, which hw's eager runner runs. Several ranks' hosts run at the slowest one's pace
+    (parsim.sim.slowest)."""
+    run_profile = at_slowest_pace(run_profile, schedule.num_ranks * data_parallel)
     with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
         costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
         sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)

@@ -12,6 +12,8 @@ from functools import cache
 
 from scipy import integrate, special
 
+from parsim.profile import Profile
+
 
 @cache
 def expected_max(n: int) -> float:
@@ -36,3 +38,9 @@ def spread_of(excess: float, ranks: int) -> float:
     """The loops' sd over mean that an excess of the slowest over the mean loop (E[max] / mean - 1) on `ranks`
     ranks implies: calibrate measures the excess, the model carries it to other rank counts by E[max]."""
     return excess / expected_max(ranks) if ranks > 1 else 0.0
+
+
+def at_slowest_pace(profile: Profile, ranks: int) -> Profile:
+    """`profile` with every host cost at the pace of the slowest of `ranks` host loops (itself for one rank)."""
+    factor = slowest_factor(profile.host.rank_spread, ranks)
+    return profile.with_host_slower(factor) if factor != 1.0 else profile
