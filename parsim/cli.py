@@ -418,6 +418,9 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
     stdout is flushed here, so that a full device (`> /dev/full`) is one line and exit 2 too; a reader that
     leaves (`| head`) ends the command quietly with 141, as a shell tool's SIGPIPE does.
     """
+    if sys.stdout is None:  # started with standard output closed (`>&-`): nowhere to write an answer
+        print("error: standard output is closed; give the command somewhere to write (a file, a pipe)", file=sys.stderr)
+        return 2
     if hasattr(sys.stdout, "reconfigure"):  # a name given in bytes that are not UTF-8 is echoed as those bytes
         sys.stdout.reconfigure(errors="surrogateescape")
     try:

@@ -16,8 +16,11 @@ class Stopped(BaseException):
     that `except Exception` clauses let it through)."""
 
     def __init__(self, signum: int):
+        super().__init__(signum)  # its one argument: a copy made from its args (SimPy re-raises so) is the same
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
 
     @property
     def status(self) -> int:

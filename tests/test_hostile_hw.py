@@ -30,6 +30,13 @@ def scratch(tmp_path, monkeypatch):
 
 
 CASES = {
+    # every command that starts CPU ranks: at most CPU_RANKS of them (issue 49: 37 on 2 cores, then a traceback)
+    "measure_cpu_ranks_past_the_bound": (["measure", "--cpu", "--gpus", "64", "--layers", "64", "--hidden", "8",
+                                          "--tokens", "64", "--microbatches", "1"], "--cpu runs at most 16"),
+    "validate_cpu_ranks_past_the_bound": (["validate", "--cpu", "--gpus", "1,17", "--schedules", "gpipe",
+                                           "--microbatches", "2", "--models", "34x16x64"], "--cpu runs at most 16"),
+    "calibrate_cpu_ranks_past_the_bound": (["calibrate", "--cpu", "--gpus", "17", "--out", "p.json"],
+                                           "--cpu runs at most 16"),
     # hw measure
     "measure_trace_is_a_directory": (["measure", *TINY, "--trace", "dir"], "--trace dir: it is a folder"),
     "measure_trace_in_a_missing_folder": (["measure", *TINY, "--trace", "nope/t.json"], "folder nope does not exist"),

@@ -144,3 +144,12 @@ def test_stdout_on_a_full_device_keeps_no_output_file(tmp_path):
         r = _parsim("predict", "--trace", "t.json", cwd=tmp_path, stdout=full)
     _one_line(r, "No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stdout_closed_is_one_line_and_exit_2(tmp_path):
+    """`predict >&-` (issue 49): Python starts with sys.stdout None; it gave an AttributeError traceback."""
+    r = subprocess.run([sys.executable, "-m", "parsim", "predict", "--trace", "t.json"], stdout=None,
+                       stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    _one_line(r, "standard output is closed")
+    assert list(tmp_path.iterdir()) == []  # refused before any work

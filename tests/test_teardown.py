@@ -94,3 +94,25 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     started = time.monotonic()
     child = subprocess.run([sys.executable, "-c", script, "1"], timeout=30)  # pid 1 is not its parent
     assert child.returncode == 1 and time.monotonic() - started < 30
+
+
+def test_a_termination_signal_inside_a_simulation_unwinds_as_itself():
+    """SIGTERM landing while SimPy runs a process (issue 49): SimPy re-raises a process's exception as a copy made from
+    its args, which for Stopped once meant `Signals('stopped by SIGTERM')`, a ValueError and a traceback."""
+    import signal
+
+    import simpy
+
+    from parsim.interrupts import Stopped
+
+    env = simpy.Environment()
+
+    def stopped_inside():
+        yield env.timeout(1)
+        raise Stopped(signal.SIGTERM)
+
+    env.process(stopped_inside())
+    with pytest.raises(Stopped) as caught:
+        env.run()
+    assert caught.value.signum == signal.SIGTERM and caught.value.status == 143
+    assert str(caught.value) == "stopped by SIGTERM"

@@ -45,6 +45,7 @@ from hw.calibrate.layers import (
 )
 from hw.calibrate.links import copy_links, gpu_links
 from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
+from hw.run.ranks import require_gpus
 from parsim import flags
 from parsim.errors import ParsimError
 from parsim.files import check_output
@@ -170,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
     if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower
         torch.set_num_threads(1)
+    if args.gpus:
+        require_gpus(args.gpus, cpu=args.cpu)
     hidden = args.hidden
     base = load_profile(args.base)
     transformers = None

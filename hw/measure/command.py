@@ -54,8 +54,7 @@ def _check(args: argparse.Namespace) -> list[str]:
     check_runs(args.runtime, args.data_parallel, args.copy_streams)
     if args.cpu and args.copy_streams:
         raise ParsimError("--copy-streams posts messages on a dedicated CUDA stream: GPU only, not with --cpu")
-    if not args.cpu:
-        require_gpus(args.gpus)
+    require_gpus(args.gpus, cpu=args.cpu)
     traces = [trace_path(args.trace, r) for r in range(args.gpus)] if args.trace else []
     for path in traces:
         check_output(path, "--trace")

@@ -143,8 +143,7 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     jobs = [Job(build(p.schedule, p.gpus, p.microbatches), model, config, copy_streams=p.copy_streams)
             for p in scenario.points]
     world = max(job.ranks for job in jobs)
-    if not cpu:
-        require_gpus(world)
+    require_gpus(world, cpu=cpu)
     results = measure_jobs(jobs, world, "cpu" if cpu else "cuda", timeout_s)
     times = {p.figure: statistics.median(on_rank(r, 0).times) for p, r in zip(scenario.points, results, strict=True)}
     return scenario.figures(times)
@@ -273,8 +272,8 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError("--profile is for the prediction shown beside a full-size run; --cpu makes none")
     if args.gpus and args.name != "data-parallel":
         raise ParsimError(f"--gpus is for data-parallel (nn.DataParallel against DDP), not {args.name}")
-    if args.gpus and not args.cpu:
-        require_gpus(args.gpus)  # now, not after the GIL experiment (the full-size models need the GPUs)
+    if args.gpus:
+        require_gpus(args.gpus, cpu=args.cpu)  # now, not after the GIL experiment (the full-size models need the GPUs)
     if args.calibrate and args.name not in CALIBRATED:
         raise ParsimError(f"--calibrate is for {' and '.join(CALIBRATED)}, whose costs are timed beside them; "
                           f"calibrate the others with `python -m hw calibrate`")

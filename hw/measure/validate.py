@@ -234,8 +234,7 @@ def main(args: argparse.Namespace) -> int:
         raise ParsimError(str(e)) from None
     models = _models(args.models)
     runtimes = _runtimes(args.runtimes)
-    if not args.cpu:
-        require_gpus(max(gpus))
+    require_gpus(max(gpus), cpu=args.cpu)
     given = load_profile(args.profile) if args.profile else None
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)

@@ -173,9 +173,17 @@ def _clear_line() -> None:
         sys.stderr.write("\r" + " " * (os.get_terminal_size(sys.stderr.fileno()).columns - 1) + "\r")
 
 
-def require_gpus(count: int) -> None:
-    """Refuse, before anything starts, a run that needs more CUDA GPUs than this machine has
-    (under torchrun only one: its ranks may span hosts)."""
+CPU_RANKS = 16  # --cpu: a process per rank, each with torch loaded; the 2-core CI machine ran out of processes at 37
+
+
+def require_gpus(count: int, cpu: bool = False) -> None:
+    """Refuse, before anything starts, a run that needs more CUDA GPUs than this machine has (under torchrun only
+    one: its ranks may span hosts), or with `cpu`, more rank processes than CPU_RANKS."""
+    if cpu:
+        if count > CPU_RANKS:
+            raise ParsimError(f"--gpus {count} with --cpu starts {count} rank processes; --cpu runs at most "
+                              f"{CPU_RANKS} (it tests the pipeline's code, not its scale)")
+        return
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have == 0 or (have < count and not under_torchrun()):
         raise ParsimError(f"--gpus {count} needs {count} CUDA GPUs; this machine has {have} "
