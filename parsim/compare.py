@@ -18,11 +18,11 @@ from typing import Any
 from parsim import progress
 from parsim.budget import check_actions
 from parsim.configuration import Configuration, Prepared, prepare
-from parsim.errors import ParsimError
+from parsim.errors import ParsimError, ScheduleError
 from parsim.files import Outputs, png_bytes
 from parsim.inputs import MAX_SIZE, read_text
 from parsim.profile import Profile
-from parsim.runtimes import get_runtime
+from parsim.runtimes import Runtime, get_runtime
 from parsim.sim.predict import Prediction
 from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
 
@@ -117,7 +117,10 @@ def _finite(row: dict[str, str], column: str, lo: float, hi: float, default: str
             zero: bool = False) -> float:
     """A column's number: in [lo, hi] (or 0 if `zero`), so finite; ValueError naming the column otherwise."""
     text = row.get(column) or default
-    value = float(text)  # type: ignore[arg-type]  # ValueError for text; TypeError for a missing cell (None)
+    try:
+        value = float(text)  # type: ignore[arg-type]  # ValueError for text; TypeError for a missing cell (None)
+    except (TypeError, ValueError):
+        raise ValueError(f"{column} must be a number, got {_cell(text)}") from None
     if not (lo <= value <= hi or zero and value == 0):  # NaN fails both
         raise ValueError(f"{column} must be {'0 or ' if zero else ''}a number from {lo:g} to {hi:g}, got {text}")
     return value
@@ -133,10 +136,35 @@ def _times(row: dict[str, str]) -> dict[str, float]:
 
 
 def _size(row: dict[str, str], column: str, default: str | None = None) -> int:
-    value = int(row.get(column) or default)  # type: ignore[arg-type]  # a missing cell (None): TypeError
+    text = row.get(column) or default
+    try:
+        value = int(text)  # type: ignore[arg-type]  # ValueError for text; TypeError for a missing cell (None)
+    except (TypeError, ValueError):
+        raise ValueError(f"{column} must be a whole number, got {_cell(text)}") from None
     if not 1 <= value <= MAX_SIZE:
         raise ValueError(f"{column} must be a whole number from 1 to {MAX_SIZE:,}, got {value}")
     return value
+
+
+def _cell(text: str | None) -> str:
+    """A cell as an error shows it: quoted, cut at 40 characters; a missing cell (a short row) said so."""
+    if text is None:
+        return "nothing (the row is short of this column)"
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _schedule(row: dict[str, str], runtime: Runtime) -> str:
+    """The row's schedule: a name its runtime runs (a results row names its schedule; it never opens a file)."""
+    schedule = (row.get("schedule") or "").strip()
+    if not schedule:
+        raise ValueError("schedule is empty")
+    if schedule.lower().endswith(".csv"):
+        raise ValueError(f"schedule must name a schedule, got a file name {_cell(schedule)}")
+    try:
+        runtime.check_name(schedule)
+    except ScheduleError as e:
+        raise ValueError(f"schedule: {e}") from None
+    return schedule
 
 
 def read_points(path: str | Path) -> list[Point]:
@@ -164,13 +192,10 @@ def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
                 raise ValueError(f"data_parallel {dp} does not divide gpus {sizes['gpus']}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
             runtime = (row.get("runtime") or "hw").strip()
-            get_runtime(runtime)
+            schedule = _schedule(row, get_runtime(runtime))
             peaks = {c: int(_finite(row, c, 1, PEAK_BYTES, "0", zero=True))
                      for c in ("predicted_peak_bytes", "measured_peak_bytes")}
             probe_s = _finite(row, "host_probe_s", *STEP_S, "0", zero=True)
-            schedule = (row.get("schedule") or "").strip()
-            if not schedule:
-                raise ValueError("schedule is empty")
             columns: dict[str, Any] = {**sizes, **times, **peaks}
             point = Point(schedule, excluded=(row.get("excluded") or "").strip(), data_parallel=dp,
                           copy_streams=copy, spec=(row.get("model") or "").strip(), runtime=runtime,

@@ -10,9 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import replace
 
-from parsim.errors import ProfileError
+from parsim.errors import ProfileError, ScheduleError
 from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts, correction_at
 from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
+from parsim.schedules.from_torch import TORCH_PREFIX
 
 
 class Runtime(ABC):
@@ -30,6 +31,13 @@ class Runtime(ABC):
     @abstractmethod
     def schedules(self) -> tuple[str, ...]:
         """The schedule names this runtime runs."""
+
+    def check_name(self, schedule: str) -> None:
+        """Refuse (ScheduleError) a schedule name this runtime does not run, before anything is built or read: one
+        of its names, or torch:CLASS (checked when built)."""
+        if schedule.lower() not in self.schedules() and not schedule.startswith(TORCH_PREFIX):
+            raise ScheduleError(f"the {self.name} runtime has no schedule {schedule!r}; it runs "
+                                f"{', '.join(self.schedules())} or torch:CLASS")
 
     def placement(self, schedule: str, num_ranks: int, virtual_stages: int | None = None) -> tuple[int, ...]:
         """Where build puts each stage (its stage_to_rank), without building: as the generators place them."""

@@ -63,6 +63,9 @@ class TorchPipelining(Runtime):
     def schedules(self) -> tuple[str, ...]:
         return tuple(sorted(CLASSES))
 
+    def check_name(self, schedule: str) -> None:
+        schedule_key(schedule)
+
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
               virtual_stages: int | None = None) -> Schedule:
         name = schedule_key(schedule)
