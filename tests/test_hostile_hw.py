@@ -114,3 +114,12 @@ def test_hostile_hw_input_is_refused_before_any_work(scratch, capsys, argv, mess
     argv = argv(scratch) if callable(argv) else argv
     refused(main, argv, capsys, scratch, message)
     assert not (scratch / "dir.samples.json").exists() and not (scratch / "nope").exists()
+
+
+def test_validate_keeps_an_earlier_runs_results_unless_forced(scratch, capsys):
+    """hw validate wrote over an --out folder's results.csv without a word (issue 49): nothing a user had is lost."""
+    (scratch / "grid").mkdir()
+    (scratch / "grid" / "results.csv").write_text("mine")
+    refused(main, ["validate", *GRID, "--out", "grid"], capsys, scratch, "holds an earlier run's results.csv; pass "
+                                                                       "--force")
+    assert (scratch / "grid" / "results.csv").read_text() == "mine"

@@ -287,7 +287,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     steps = len(hidden) * len(tokens) + len(shapes) * len(images) + 4 + (len(CONV_KINDS) if conv else 0)
     if transformers:
         steps += calibrate_transformer.steps(transformers, cpu)
-    with tqdm(total=steps, desc="calibrating", file=sys.stderr) as progress:
+    with tqdm(total=steps, desc="calibrating", file=sys.stderr, disable=None) as progress:  # drawn on a terminal only
         layer_rows = layer_samples(device, dtype, [Layer("mlp", h) for h in hidden], tokens, progress)
         layer_rows += layer_samples(device, dtype, shapes, images, progress)
         host_rows = {"mlp": host_samples(device, dtype, split=True)}

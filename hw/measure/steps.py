@@ -89,7 +89,8 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
     """Time every turn's jobs in this one process group, turn after turn, so a grid pays for start-up once."""
     groups = Groups()
     out: list[list[RankTiming | None]] = []
-    for jobs in tqdm(turns, desc="measuring", file=sys.stderr, disable=rank != 0 or len(turns) < 3):
+    for jobs in tqdm(turns, desc="measuring", file=sys.stderr,  # rank 0's, on a terminal only
+                     disable=True if rank != 0 or len(turns) < 3 else None):
         made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None

@@ -74,6 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=flags.path, metavar="FILE", help="use this profile instead of calibrating first")
     p.add_argument("--out", type=flags.path, default="validation", metavar="DIR",
                    help="folder for the CSV, profile and plots")
+    p.add_argument("--force", action="store_true", help="overwrite an earlier run's outputs in --out")
     p.add_argument("--steps", type=flags.positive_int, default=10)
     p.add_argument("--warmup", type=flags.whole(0), default=3)
     p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests)")
@@ -198,9 +199,10 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     write_atomic(path, buf.getvalue())
 
 
-def _out_folder(text: str) -> tuple[Path, bool]:
+def _out_folder(text: str, force: bool = False) -> tuple[Path, bool]:
     """--out, checked before any work: an existing, writable folder, or one that can be made (in an existing,
-    writable folder); whether it is new. What validate writes there must not be a folder already."""
+    writable folder); whether it is new. What validate writes there must not be a folder already, nor, unless
+    `force`, an earlier run's output (nothing a user had is lost)."""
     out = Path(text)
     if not out.exists():
         check_output(out, "--out")  # its parent: there and writable
@@ -209,6 +211,10 @@ def _out_folder(text: str) -> tuple[Path, bool]:
         raise ParsimError(f"--out {out} exists and is not a folder")
     for name in OUTPUT_NAMES:
         check_output(out / name, "--out's")
+    earlier = [name for name in OUTPUT_NAMES if (out / name).exists()]
+    if earlier and not force:
+        raise ParsimError(f"--out {out} holds an earlier run's {', '.join(earlier)}; pass --force to overwrite them, "
+                          "or choose another --out")
     return out, False
 
 
@@ -249,7 +255,7 @@ def main(args: argparse.Namespace) -> int:
     if args.cpu:  # refused at once, before calibrating, where even a CPU at its peak could not finish in time
         for model, turns in grid:
             _check_cpu_grid(model, turns, args)
-    out, new = _out_folder(args.out)
+    out, new = _out_folder(args.out, args.force)
     if new:
         try:
             out.mkdir()

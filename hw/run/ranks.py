@@ -221,7 +221,7 @@ def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeo
             p.start()
         while len(outputs) < world and failure is None:
             if time.monotonic() > end:
-                failure = f"the run passed its {deadline_s:.0f} s deadline"
+                failure = f"the run passed its {deadline_s:.3g} s deadline"
                 break
             try:
                 rank, status, *rest = results.get(timeout=0.2)
