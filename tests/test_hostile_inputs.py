@@ -139,6 +139,9 @@ NUMBER_CASES = {
     "model_file_counts_add_past_the_limit": (lambda: ["predict", "--model", _model(
         {"tokens": 64, "layers": [{"kind": "mlp", "hidden": 64, "count": 10**8}] * 2})],
         "counts in all must be at most"),
+    # issue 49: a Llama's sequence past what its config was built for
+    "preset_seq_len_past_max_positions": (["predict", "--model", "llama-3-8b", "--seq-len", "1000000000",
+                                           "--global-batch", "8"], "past the config's max_position_embeddings 8,192"),
     "model_file_hidden_of_5000_digits": (lambda: ["predict", "--model", _write(
         "m.json", '{"tokens": 64, "layers": [{"kind": "mlp", "hidden": 1' + "0" * 5000 + "}]}")],
         "is not valid JSON"),

@@ -48,6 +48,9 @@ def config_shape(doc: dict[str, Any], seq_len: int) -> tuple[TransformerShape, i
         if doc.get("head_dim") is None and hidden % heads:
             raise ModelError(f"hidden_size {hidden} does not split into {heads} heads and there is no head_dim")
         head_dim = _size(doc, "head_dim", hidden // heads)
+        if doc.get("max_position_embeddings") is not None and seq_len > _size(doc, "max_position_embeddings"):
+            raise ModelError(f"--seq-len {seq_len:,} is past the config's max_position_embeddings "
+                             f"{doc['max_position_embeddings']:,}: the model was not built for sequences that long")
         shape = TransformerShape("llama", hidden, _size(doc, "intermediate_size"), heads,
                                  _size(doc, "num_key_value_heads", heads), head_dim, _size(doc, "vocab_size"), seq_len)
         return shape, _size(doc, "num_hidden_layers")
