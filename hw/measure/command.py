@@ -41,12 +41,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=flags.positive_int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=flags.whole(0), default=3, help="untimed steps first (default 3)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on GPUs, fp32 on the CPU")
-    p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo")
+    p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo (a tiny model unless one is "
+                                                      f"given: {CPU_MODEL[0]} MLP blocks of {CPU_MODEL[1]}, "
+                                                      f"{CPU_MODEL[2]} tokens)")
     p.add_argument("--timeout", type=flags.seconds, default=120.0, help="seconds any one wait may take (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", type=flags.path, metavar="FILE",
                    help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
                                                   "FILE's stem + .rankR for the others")
+
+
+CPU_MODEL = (4, 64, 256)  # --cpu's default model: layers, hidden, tokens (the GPU's default would not finish there)
+
+
+def _cpu_defaults(args: argparse.Namespace) -> None:
+    """--cpu with no model flag: the tiny CPU_MODEL, as --cpu's help says."""
+    if args.cpu and not (args.model or args.conv) and all(getattr(args, f) is None for f in ("layers", "hidden",
+                                                                                             "tokens")):
+        args.layers, args.hidden, args.tokens = CPU_MODEL
 
 
 def _check(args: argparse.Namespace) -> list[str]:
@@ -62,6 +74,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    _cpu_defaults(args)
     traces = _check(args)
     given = load_profile(args.profile) if args.profile else None  # a bad --profile fails now, used or not
     if args.gpus % args.data_parallel:

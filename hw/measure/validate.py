@@ -55,8 +55,13 @@ def _models(text: str) -> list[Model]:
     return [model_from_spec(spec) for spec in specs]
 
 
+GRID = {"gpus": "2,4", "microbatches": "1,2,4,8,16,32", "models": "16x2048x8192,8x256x1024"}
+CPU_GRID = {"gpus": "1,2", "microbatches": "1,4", "models": "4x64x256"}  # --cpu: tiny, as its help says
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=flags.whole_list(), default="2,4", help="GPU counts, comma-separated (default 2,4)")
+    p.add_argument("--gpus", type=flags.whole_list(),
+                   help=f"GPU counts, comma-separated (default {GRID['gpus']}; with --cpu {CPU_GRID['gpus']})")
     p.add_argument("--data-parallel", type=flags.whole_list(), default="1", metavar="D,...",
                    help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
     p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
@@ -65,19 +70,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "measured under each, in turns (a step of each per round), and predicted as that runtime runs "
                         "it; hw's runner is timed with its host thread pinned, the others unpinned (default hw)")
     p.add_argument("--schedules", default="gpipe,1f1b")
-    p.add_argument("--microbatches", type=flags.whole_list(), default="1,2,4,8,16,32")
-    p.add_argument("--models", default="16x2048x8192,8x256x1024",
-                   help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES (the conv "
-                        "net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a transformer: "
-                        "llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or PRESET:BATCH:SEQ (default: a "
-                        "compute-bound and a dispatch-bound MLP stack)")
+    p.add_argument("--microbatches", type=flags.whole_list(),
+                   help=f"micro-batch counts, comma-separated (default {GRID['microbatches']}; with --cpu "
+                        f"{CPU_GRID['microbatches']})")
+    p.add_argument("--models", help="model specs, comma-separated: LAYERSxHIDDENxTOKENS (an MLP stack), conv:IMAGES "
+                                     "(the conv net) or conv:IMAGES:WIDTHS:BLOCKS:SIDE, e.g. conv:8:4-8:1-2:8, or a "
+                                     "transformer: llama:BATCH:SEQ:BLOCKS:HIDDEN:HEADS:KV_HEADS:FFN:VOCAB or "
+                                     f"PRESET:BATCH:SEQ (default {GRID['models']}: a compute-bound and a "
+                                     f"dispatch-bound MLP stack; with --cpu {CPU_GRID['models']})")
     p.add_argument("--profile", type=flags.path, metavar="FILE", help="use this profile instead of calibrating first")
     p.add_argument("--out", type=flags.path, default="validation", metavar="DIR",
                    help="folder for the CSV, profile and plots")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run's outputs in --out")
     p.add_argument("--steps", type=flags.positive_int, default=10)
     p.add_argument("--warmup", type=flags.whole(0), default=3)
-    p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests)")
+    p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests): a tiny grid "
+                                                      "unless --gpus, --microbatches or --models say otherwise")
     p.add_argument("--timeout", type=flags.seconds, default=120.0)
 
 
@@ -230,7 +238,10 @@ OUTPUT_NAMES = ("results.csv", "summary.json", "profile.json", "profile.samples.
 
 def main(args: argparse.Namespace) -> int:
     """Check the grid's flags, then measure, predict and compare it into --out (removed again if left empty)."""
-    gpus, mbs, replicas = args.gpus, args.microbatches, args.data_parallel
+    defaults = CPU_GRID if args.cpu else GRID
+    gpus = args.gpus or flags.whole_list()(defaults["gpus"])
+    mbs = args.microbatches or flags.whole_list()(defaults["microbatches"])
+    replicas = args.data_parallel
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     if not schedules:
         raise ParsimError(f"--schedules names none; choose from {', '.join(sorted(SCHEDULES))} or torch:CLASS")
@@ -238,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
         schedules = [schedule_name(s) for s in schedules]
     except argparse.ArgumentTypeError as e:
         raise ParsimError(str(e)) from None
-    models = _models(args.models)
+    models = _models(args.models or defaults["models"])
     runtimes = _runtimes(args.runtimes)
     require_gpus(max(gpus), cpu=args.cpu)
     given = load_profile(args.profile) if args.profile else None
