@@ -76,7 +76,7 @@ REFUSED = [  # (argv, files it reads, what its one line says)
     (["hw", "measure", "--cpu", "--microbatches", "1000000000"], {}, "do not split into 1000000000 equal"),
     (["hw", "measure", "--cpu", "--microbatches", "1000000000", "--tokens", "1000000000"], {},
      "use fewer --microbatches"),
-    (["hw", "measure", "--cpu"], {}, "on the CPU this run cannot finish"),
+    (["hw", "measure", "--cpu", "--hidden", "2048"], {}, "on the CPU this run cannot finish"),  # the GPU's model
     (["hw", "measure", "--cpu", "--gpus", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16", "--tokens",
       "8", "--schedule", "dead.csv"], {"dead.csv": "0B0,0B1,0F0,0F1\n1F0,1F1,1B0,1B1\n"}, "deadlock"),
 ]

@@ -125,7 +125,7 @@ def test_validate_keeps_an_earlier_runs_results_unless_forced(scratch, capsys):
     assert (scratch / "grid" / "results.csv").read_text() == "mine"
 
 
-def test_cpu_defaults_are_tiny_as_cpus_help_says(scratch, monkeypatch):
+def testcpu_defaults_are_tiny_as_cpus_help_says(scratch, monkeypatch):
     """`hw measure --cpu` and `hw validate --cpu` with their default models were refused as too large for the CPU
     (issue 49): with --cpu and no model given, both run a tiny one, and pass the CPU's size check."""
     from hw.__main__ import parser_for
@@ -133,10 +133,10 @@ def test_cpu_defaults_are_tiny_as_cpus_help_says(scratch, monkeypatch):
     from hw.measure import validate
 
     args = parser_for("measure")[0].parse_args(["measure", "--cpu"])
-    measure_command._cpu_defaults(args)
+    measure_command.cpu_defaults(args)
     assert (args.layers, args.hidden, args.tokens) == measure_command.CPU_MODEL
     args = parser_for("measure")[0].parse_args(["measure", "--cpu", "--hidden", "32"])  # a model flag: the user's
-    measure_command._cpu_defaults(args)
+    measure_command.cpu_defaults(args)
     assert (args.layers, args.hidden, args.tokens) == (None, 32, None)
     seen = {}
     monkeypatch.setattr(validate, "_validate", lambda args, out, given, models, runtimes, grid, *_: seen.update(

@@ -184,3 +184,20 @@ def test_a_bad_config_file_on_the_command_line_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: config {path}: model_type 't5' is not supported; parsim builds \"llama\" (Llama-style: RMSNorm, "
         f"grouped-query attention, SwiGLU) and \"gpt2\" configs"]
+
+
+def test_the_documented_gpt2_preset_predicts_from_the_shipped_profile_and_says_what_stands_in():
+    """The shipped profile measured Llama blocks, not GPT-2's: `--model gpt-2` was refused for want of gpt costs
+    (issue 49). Its blocks are priced as the Llama kind's, at their own FLOPs, and every prediction says so."""
+    import json
+
+    from parsim.profile import load_profile
+    from parsim.workload import stand_ins
+
+    r = subprocess.run([sys.executable, "-m", "parsim", "predict", "--gpus", "2", "--model", "gpt-2", "--seq-len",
+                        "1024", "--global-batch", "8", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "gpt layers priced as llama's" in json.loads(r.stdout)["profile"]
+    profile = load_profile()
+    assert stand_ins(named_model("gpt-2", 1024, 8), profile) == ["gpt layers priced as llama's (no gpt costs measured)"]
+    assert stand_ins(named_model("llama-3.2-1b", 1024, 8), profile) == []  # its own costs: no note

@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 CPU_MODEL = (4, 64, 256)  # --cpu's default model: layers, hidden, tokens (the GPU's default would not finish there)
 
 
-def _cpu_defaults(args: argparse.Namespace) -> None:
+def cpu_defaults(args: argparse.Namespace) -> None:
     """--cpu with no model flag: the tiny CPU_MODEL, as --cpu's help says."""
     if args.cpu and not (args.model or args.conv) and all(getattr(args, f) is None for f in ("layers", "hidden",
                                                                                              "tokens")):
@@ -74,7 +74,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    _cpu_defaults(args)
+    cpu_defaults(args)
     traces = _check(args)
     given = load_profile(args.profile) if args.profile else None  # a bad --profile fails now, used or not
     if args.gpus % args.data_parallel:

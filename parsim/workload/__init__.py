@@ -23,6 +23,7 @@ from parsim.workload.costs import (
     part_costs,
     partitioned,
     stage_costs,
+    stand_ins,
 )
 from parsim.workload.layers import KINDS, Kind, Layer, Part
 from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
@@ -45,6 +46,6 @@ __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "La
            "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
            "TransformerShape", "Work", "check_balance", "check_stages", "config_model", "conv_model",
            "gradient_adds", "layer_times", "layer_works", "load_model", "microbatch_tokens", "mlp_model",
-           "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition",
+           "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition", "stand_ins",
            "partition_by_time", "partitioned", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

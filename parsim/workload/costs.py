@@ -68,13 +68,29 @@ def gradient_adds(profile: Profile, costs: list[StageCost]) -> list[float] | Non
     return known if len(known) == len(adds) else None
 
 
-def part_costs(profile: Profile, part: Part) -> LayerCosts:
-    """The profile's costs for a layer's part at its shape ("mlp@2048", "attention@d128") if it has them; for an
-    MLP width between two calibrated ones, theirs blended (width_blend); else its kind's ("mlp", "attention")."""
+# a kind a profile may lack -> the measured kind that prices it instead, said beside each prediction (stand_ins): a
+# GPT-2 block (LayerNorm, GELU, biases) as a Llama block (RMSNorm, SwiGLU): the same GEMMs at their FLOPs
+STAND_INS = {"gpt": "llama"}
+
+
+def _own_costs(profile: Profile, part: Part) -> LayerCosts | None:
     for key in part.keys:
         costs = profile.layers.get(key) or width_blend(profile, key)
         if costs is not None:
             return costs
+    return None
+
+
+def part_costs(profile: Profile, part: Part) -> LayerCosts:
+    """The profile's costs for a layer's part at its shape ("mlp@2048", "attention@d128") if it has them; for an
+    MLP width between two calibrated ones, theirs blended (width_blend); else its kind's ("mlp", "attention"); else
+    its stand-in kind's (STAND_INS)."""
+    costs = _own_costs(profile, part)
+    if costs is not None:
+        return costs
+    stand_in = profile.layers.get(STAND_INS.get(part.keys[-1], ""))
+    if stand_in is not None:
+        return stand_in
     raise ModelError(f"the profile has no costs for layer kind {part.keys[-1]!r} ({part.keys[0]}); it knows: "
                      f"{', '.join(sorted(profile.layers))}{part.hint}")
 
@@ -117,6 +133,13 @@ def width_blend(profile: Profile, key: str) -> LayerCosts | None:
 
     low, high = profile.layers[f"{kind}@{lo}"], profile.layers[f"{kind}@{hi}"]
     return LayerCosts(*(blend(getattr(low, op), getattr(high, op)) for op in OPS))
+
+
+def stand_ins(model: Model, profile: Profile) -> list[str]:
+    """What of `model` the profile prices by a stand-in kind (STAND_INS), as a note: ["gpt layers as llama's"]."""
+    kinds = {part.keys[-1] for layer in model.layers for part in layer.parts if _own_costs(profile, part) is None}
+    return [f"{k} layers priced as {STAND_INS[k]}'s (no {k} costs measured)" for k in sorted(kinds)
+            if STAND_INS.get(k, "") in profile.layers]
 
 
 def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
