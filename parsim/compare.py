@@ -110,6 +110,7 @@ class Point:
 
 
 STEP_S = (1e-9, 1e6)  # a step time's sane range: a nanosecond to 11 days
+MAX_ROWS = 100_000  # rows of a measured CSV: each is predicted, ~1.4 ms the smallest (a million took 25 minutes)
 PEAK_BYTES = 1e18
 
 
@@ -172,6 +173,10 @@ def read_points(path: str | Path) -> list[Point]:
     whole number in range; a bad row is one error naming its line."""
     text = read_text(path, "results")
     try:
+        rows = sum(1 for _ in csv.reader(io.StringIO(text))) - 1  # counted before any row is checked
+        if rows > MAX_ROWS:
+            raise ParsimError(f"results {path} has {rows:,} rows, more than the {MAX_ROWS:,} compare takes: it "
+                              f"predicts every row (1 ms to seconds each); split the file, or leave rows out")
         reader = csv.DictReader(io.StringIO(text))
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -211,8 +216,8 @@ def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
     return points
 
 
-def _prepare(p: Point, profile: Profile) -> Prepared:
-    progress.phase(f"{p.label} on {p.gpus} GPUs, m={p.microbatches}")
+def _prepare(p: Point, profile: Profile, where: str = "") -> Prepared:
+    progress.phase(f"{where}{p.label} on {p.gpus} GPUs, m={p.microbatches}")
     return prepare(p.configuration(), profile)
 
 
@@ -225,10 +230,10 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
     as run by `runtime` where given, else by its own; the peak memory predicted where the CSV has none (what
     `hw validate` predicts: weights, the step's gradients, activations and working memory)."""
     out = []
-    for p in points:
+    for i, p in enumerate(points, start=1):
         if runtime is not None:
             p = replace(p, runtime=runtime)
-        prepared = _prepare(p, profile)
+        prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
         peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), prepared.schedule, microbatch_tokens(
             p.workload(), p.microbatches, p.data_parallel), "none"))

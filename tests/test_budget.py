@@ -73,6 +73,8 @@ REFUSED = [  # (argv, files it reads, what its one line says)
      "line 2: 1f1b on 64 GPUs x 1,048,576 micro-batches"),
     (["parsim", "compare", "--measured", "r.csv"], {"r.csv": _csv("1f1b,4,4,100000000,64,1024")},
      "100,000,000 layers"),
+    (["parsim", "compare", "--measured", "r.csv"], {"r.csv": _csv(*["1f1b,1,1,2,8,8"] * 100_001)},  # issue 49
+     "has 100,001 rows, more than the 100,000 compare takes"),
     (["hw", "measure", "--cpu", "--microbatches", "1000000000"], {}, "do not split into 1000000000 equal"),
     (["hw", "measure", "--cpu", "--microbatches", "1000000000", "--tokens", "1000000000"], {},
      "use fewer --microbatches"),
