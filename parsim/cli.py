@@ -13,7 +13,7 @@ from parsim import flags, progress
 from parsim.budget import check_actions
 from parsim.configuration import Configuration, Partition, check, predict, prepare
 from parsim.errors import ParsimError, one_line
-from parsim.files import Outputs, folder_made, json_text
+from parsim.files import Outputs, folder_made, json_text, kept_files
 from parsim.inputs import MAX_LAYERS, MAX_SIZE
 from parsim.interrupts import Stopped, describe, stopping
 from parsim.outputs.report import fmt_bytes, fmt_time, to_json, to_text
@@ -444,7 +444,9 @@ def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         if e.errno not in STDOUT_FULL:
             raise
         _drop_stdout()
-        print(f"error: cannot write to standard output: {e.strerror}", file=sys.stderr)
+        kept = kept_files()  # hw's measurements (a profile, a grid, traces), written before the report: kept
+        print(f"error: cannot write to standard output: {e.strerror}"
+              + (f"; kept what it measured: {', '.join(map(str, kept))}" if kept else ""), file=sys.stderr)
         return 2
 
 

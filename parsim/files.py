@@ -77,6 +77,19 @@ def _fill(fd: int, data: str | bytes) -> None:
         os.fsync(f.fileno())
 
 
+_kept: list[Path] = []  # every file put in place in this process (write_atomic, record_kept), in order
+
+
+def record_kept(path: str | os.PathLike[str]) -> None:
+    """Note a file put in place by other means than write_atomic (a rank's trace moved into place)."""
+    _kept.append(Path(path))
+
+
+def kept_files() -> list[Path]:
+    """The files this process has put in place and that are still there: what a late failure leaves behind."""
+    return [p for p in dict.fromkeys(_kept) if p.exists()]
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, what: str = "output") -> None:
     """Write via a temporary file in the same folder, then rename it over `path`; any failure is one ParsimError
     and leaves nothing behind."""
@@ -88,6 +101,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, what: str = "o
     try:
         _fill(fd, data)
         os.replace(tmp, p)
+        record_kept(p)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):

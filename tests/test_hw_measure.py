@@ -221,3 +221,18 @@ def test_pace_covers_the_lead_and_block_times_from_one_timed_step(monkeypatch):
             clock[0] += step_s
 
         assert measure.pace(step, lambda: None, None, torch.device("cpu")) == measure.Pace(*expected)
+
+
+def test_stdout_on_a_full_device_keeps_what_hw_measured_and_names_it(tmp_path):
+    """The rule when the report cannot be printed (issue 49): parsim's commands keep none of their files; hw's keep
+    what they measured, written before the report, and the one error line names each file kept."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "hw", "measure", "--cpu", "--gpus", "2", "--microbatches", "2",
+                            "--layers", "2", "--hidden", "16", "--tokens", "8", "--steps", "1", "--warmup", "0",
+                            "--trace", "t.json"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert errors[0] == ("error: cannot write to standard output: No space left on device; kept what it measured: "
+                         "t.json, t.rank1.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.rank1.json"]

@@ -33,6 +33,7 @@ from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory
 from hw.run.stage_runner import Groups, replica_batch
 from hw.timing import sync
 from parsim.errors import ParsimError
+from parsim.files import record_kept
 from parsim.schedules import Action, Schedule, gpipe
 from parsim.workload import Model, stage_layers
 
@@ -296,8 +297,11 @@ def keep_traces(paths: list[str], token: str, keep: bool) -> None:
     """Move every rank's staged trace into place (`keep`), or remove them all: a failed run leaves none."""
     for path in paths:
         staged = staged_trace(path, token)
-        if os.path.exists(staged):
-            os.replace(staged, path) if keep else os.unlink(staged)
+        if os.path.exists(staged) and keep:
+            os.replace(staged, path)
+            record_kept(path)
+        elif os.path.exists(staged):
+            os.unlink(staged)
 
 
 class ProfilerLabels:
