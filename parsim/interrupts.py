@@ -3,12 +3,17 @@ remove its temporary files, and it exits with 128 + the signal's number, as a sh
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 STOPPING = (signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class Stopped(BaseException):
@@ -63,3 +68,29 @@ def note(e: BaseException, text: str) -> None:
 def describe(e: BaseException, what: str) -> str:
     """`what` ("interrupted", "stopped by SIGTERM") with the notes the unwinding added, as one line."""
     return "; ".join([what, *getattr(e, "__notes__", ())])
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process as soon as `parent_pid`, the process that started it, ends (and at once if it has).
+
+    The kernel sends the signal when the parent's thread that started this process exits: parsim and hw
+    start their processes from the main thread, whose end is the process's.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            _poll_parent(parent_pid)
+    else:
+        _poll_parent(parent_pid)
+    if os.getppid() != parent_pid:  # the parent died before the prctl: nothing will signal us
+        os._exit(1)
+
+
+def _poll_parent(parent_pid: int, every_s: float = 0.5) -> None:
+    """Where the kernel cannot signal it: a thread that ends the process once its parent changes."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from typing import Any, cast
 from parsim.budget import MAX_ACTIONS, actions, check_plan, cpu_cores, stages_per_rank
 from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError, ProfileError, ScheduleError
-from parsim.interrupts import default_signals
+from parsim.interrupts import default_signals, die_with_parent
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
@@ -218,9 +219,12 @@ def _splits(model: Model, partition: str, stages: int, m: int, profile: Profile,
 _CONTEXT: tuple[Model, Profile, float | None, str] | None = None  # a worker's: what every configuration shares
 
 
-def _start_worker(model: Model, profile: Profile, memory_limit_bytes: float | None, optimizer: str) -> None:
-    """A worker process: Ctrl-C is the parent's to handle (it stops the workers); SIGTERM ends it at once."""
+def _start_worker(parent: int, model: Model, profile: Profile, memory_limit_bytes: float | None,
+                  optimizer: str) -> None:
+    """A worker process: Ctrl-C is the parent's to handle (it stops the workers); SIGTERM ends it at once; it dies
+    with its parent, however that ends (SIGKILL included)."""
     global _CONTEXT
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     default_signals()  # forked with the parent's handler, which would unwind the worker instead of ending it
     _CONTEXT = model, profile, memory_limit_bytes, optimizer
@@ -328,7 +332,7 @@ def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], context: tuple[
                 return
             yield shape, evaluate(shape, *context)
         return
-    pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=context)
+    pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(os.getpid(), *context))
     try:
         pending: dict[Future[Candidate | None], Shape] = {}
         queue = iter(ordered)
@@ -351,19 +355,21 @@ def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], context: tuple[
                 if future.cancel():  # queued, not started: the best found since rules it out
                     yield pending.pop(future), _PRUNED
     except BaseException:
-        _stop_workers(pool)
+        stop_workers(pool)
         raise
     pool.shutdown()
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
+def stop_workers(pool: ProcessPoolExecutor) -> None:
     """Cancel what is queued and end the worker processes now, rather than after their current configuration."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
-    if terminate is not None:
-        terminate()
+    kill = getattr(pool, "kill_workers", None)  # Python 3.14: kills them and shuts the pool down
+    if kill is not None:
+        kill()
         return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+    # taken before shutdown, which drops the pool's list of them: killed after it, they were left running
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
         process.kill()  # SIGKILL: one still starting has no handler of its own yet, and must not wait for one
 
 

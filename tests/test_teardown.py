@@ -89,7 +89,7 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     """The race the check after prctl closes: a parent gone before the child asked (pid 1 adopted it)."""
     import subprocess
 
-    script = ("import os, sys, time; from hw.run.teardown import die_with_parent; "
+    script = ("import os, sys, time; from parsim.interrupts import die_with_parent; "
               "die_with_parent(int(sys.argv[1])); time.sleep(60)")
     started = time.monotonic()
     child = subprocess.run([sys.executable, "-c", script, "1"], timeout=30)  # pid 1 is not its parent
@@ -116,3 +116,59 @@ def test_a_termination_signal_inside_a_simulation_unwinds_as_itself():
         env.run()
     assert caught.value.signum == signal.SIGTERM and caught.value.status == 143
     assert str(caught.value) == "stopped by SIGTERM"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _sleep_long(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_plans_workers_are_killed_when_it_stops_mid_configuration():
+    """`plan --jobs 2` stopped by Ctrl-C or SIGTERM printed that it stopped, yet its workers (and so the parent, at
+    exit) ran on at 100% CPU (issue 49): the pool's shutdown dropped its list of processes before they were killed."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from parsim.plan import stop_workers
+
+    pool = ProcessPoolExecutor(2)
+    futures = [pool.submit(_sleep_long, 60.0) for _ in range(2)]
+    while not all(f.running() for f in futures):
+        time.sleep(0.05)
+    workers = list(pool._processes.values())
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    stop_workers(pool)
+    deadline = time.monotonic() + 5
+    while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(w.is_alive() for w in workers)
+
+
+def test_plans_workers_die_with_the_parent_even_on_sigkill():
+    """SIGKILL of `plan`'s parent left its pool workers alive (issue 49): each asks the kernel to end it with its
+    parent (parsim.interrupts.die_with_parent, in the pool's initializer)."""
+    import subprocess
+
+    script = ("import os, sys, time\n"
+              "from concurrent.futures import ProcessPoolExecutor\n"
+              "from parsim.interrupts import die_with_parent\n"
+              "pool = ProcessPoolExecutor(1, initializer=die_with_parent, initargs=(os.getpid(),))\n"
+              "print(pool.submit(os.getpid).result(), flush=True)\n"
+              "pool.submit(time.sleep, 60)\n"
+              "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)

@@ -23,9 +23,8 @@ from torch.nn import functional as F
 
 from hw.nets.blocks import build_layers
 from hw.run.ranks import stop_ranks
-from hw.run.teardown import die_with_parent
 from parsim.errors import ParsimError
-from parsim.interrupts import default_signals, note
+from parsim.interrupts import default_signals, die_with_parent, note
 from parsim.profile import CpuCosts
 from parsim.workload import model_from_spec
 

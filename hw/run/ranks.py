@@ -26,9 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hw.run.teardown import die_with_parent
 from parsim.errors import ParsimError
-from parsim.interrupts import default_signals, note
+from parsim.interrupts import default_signals, die_with_parent, note
 
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                  # hw gives each directed channel its own group, so in-group ordering is intended: no warning
