@@ -366,11 +366,11 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     if kill is not None:
         kill()
         return
-    # taken before shutdown, which drops the pool's list of them: killed after it, they were left running
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
+    # killed before the shutdown, which drops the pool's list of them (killed after it, they were left running);
+    # the shutdown then waits for the pool's thread to see them gone, so that none of it is left for the exit
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
         process.kill()  # SIGKILL: one still starting has no handler of its own yet, and must not wait for one
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _NoBar:
