@@ -31,12 +31,12 @@ from scipy.optimize import least_squares
 
 from hw.calibrate.fit import Fit, fit_affine
 from hw.calibrate.host import host_stage
-from hw.calibrate.stage_probe import LEAD_CYCLES, clear_grads, stage_layers
+from hw.calibrate.stage_probe import LEAD_CYCLES, stage_layers
 from hw.nets.blocks import MlpBlock
 from hw.run.cuda_graphs import GraphRunner, graph_maker, local_graph_runner
 from hw.run.observers import HostSpans
 from hw.run.ranks import host_pinned
-from hw.run.stage_runner import StepIO
+from hw.run.stage_runner import StepIO, clear_grads
 from hw.timing import gpu_time_s, sync
 from parsim.profile import OpCost, Profile, RuntimeCosts
 from parsim.schedules import Action, Op, gpipe

@@ -89,7 +89,7 @@ def quality(params: np.ndarray, rows: list[dict], grad_add_s: float = 0.0) -> Fi
     """How well (step_s, action_s, per_layer_s, after_backward_s) predicts `rows`: R^2 and the worst relative
     residual."""
     x, t, saved = _terms(rows, grad_add_s)
-    pred = x @ np.pad(params, (0, x.shape[1] - len(params))) - saved
+    pred = x @ params - saved
     r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
     return Fit(float(params[1]), 1 / max(float(params[2]), 1e-30), float(r2), float(np.max(np.abs(pred / t - 1))))
 

@@ -88,24 +88,19 @@ def in_step_gpu_s(model: Model, device: torch.device, dtype: torch.dtype, fitted
     model's spans would otherwise hold the GPU's waits for the host.
     """
     from hw.run.observers import ActionTimer
-    from hw.run.stage_runner import local_runner
+    from hw.run.stage_runner import clear_grads, local_runner
     from parsim.schedules import gpipe
 
     runner, io = local_runner(model, gpipe(1, 1), device, dtype)
     timer = ActionTimer(device)
-
-    def clear() -> None:
-        for p in runner.stages[0].parameters():
-            p.grad = None
-
     for _ in range(3):
-        clear()
+        clear_grads(runner)
         runner.step(io)
-    host_s = slowest_issue_s(lambda: runner.step(io), device, setup=clear)
+    host_s = slowest_issue_s(lambda: runner.step(io), device, setup=lambda: clear_grads(runner))
     shortfall = duty_lead_s(fitted_s, host_s)
     lead_s = IN_STEP_LEAD_S + (LEAD_MARGIN * host_s if shortfall is None else shortfall)
     for step in range(25):
-        clear()
+        clear_grads(runner)
         if step >= 15:  # the host queues the step ahead of the GPU: the spans time the GPU, the model adds the host
             spin(lead_s)
         runner.step(io, timer if step >= 15 else None)

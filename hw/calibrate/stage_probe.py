@@ -18,7 +18,7 @@ from hw.calibrate.layers import SUSTAINED_S
 from hw.run.cuda_graphs import local_graph_runner
 from hw.run.observers import ActionTimer, Mark, between
 from hw.run.ranks import release_unused
-from hw.run.stage_runner import StageRunner, StepIO, local_runner
+from hw.run.stage_runner import StageRunner, StepIO, clear_grads, local_runner
 from hw.timing import duty_lead_s, slowest_issue_s, spin, sync
 from parsim.profile import LayerCosts, OpCost
 from parsim.schedules import Op, gpipe
@@ -32,13 +32,6 @@ LEAD_CYCLES = 20_000_000  # ~10 ms: longer than hw's eager runner takes to queue
 def stage_layers(device: torch.device) -> int:
     """Blocks in a probed stage: 8 on a GPU, 2 on the CPU (tests)."""
     return CPU_LAYERS if device.type != "cuda" else GPU_LAYERS
-
-
-def clear_grads(runner: StageRunner) -> None:
-    """Every .grad of the runner's stages to None, as a step begins in hw measure."""
-    for module in runner.stages.values():
-        for p in module.parameters():
-            p.grad = None
 
 
 def stage_samples(device: torch.device, dtype: torch.dtype, hidden: list[int], graphed: bool,

@@ -382,6 +382,13 @@ def local_runner(model: Model, schedule: Schedule, device: torch.device, dtype: 
 Made = tuple[list[dict[tuple[int, int], dist.ProcessGroup]], dict[int, dist.ProcessGroup]]
 
 
+def clear_grads(runner: StageRunner) -> None:
+    """Every .grad of the runner's stages to None, as a step begins in hw measure."""
+    for module in runner.stages.values():
+        for p in module.parameters():
+            p.grad = None
+
+
 def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -> Made:
     """Every replica's channel groups, and per pipeline rank the group of its replicas (replica r on
     ranks r*P ..). Every process makes them all, in one order, whether it takes part or not."""

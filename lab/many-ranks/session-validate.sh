@@ -8,23 +8,10 @@ set -u
 out=${1:?usage: session-validate.sh OUT calibrate|2048 [PROFILE]}
 what=${2:?usage: session-validate.sh OUT calibrate|2048 [PROFILE]}
 work=/tmp/acc
-mkdir -p "$out" "$work"
-part() {  # part NAME LIMIT command...
-  local name=$1 limit=$2 t=$SECONDS
-  shift 2
-  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,utilization.gpu --format=csv -lms 500 \
-    > "$work/$name-clocks.csv" 2>/dev/null &
-  local logger=$!
-  timeout "$limit" "$@" > "$work/$name.log" 2>&1
-  local rc=$?
-  kill "$logger" 2>/dev/null
-  echo "$name: exit $rc after $((SECONDS - t)) s (limit $limit s) at $(date -u +%H:%M:%S): $*" | tee -a "$work/steps.txt"
-  tail -n 12 "$work/$name.log"
-  tar cJf "$out/session-$what.txz" -C "$work" .
-}
-{ date -u; nvidia-smi; nvidia-smi topo -m; nproc; lscpu | head -20;
-  python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sys.version)"; } \
-  > "$work/machine-$what.txt" 2>&1
+archive="$out/session-$what.txz"
+shown=12
+source "$(dirname "$0")/device.sh"
+machine "$work/machine-$what.txt"
 grid() {  # grid NAME MODEL PROFILE LIMIT
   part "$1" "$4" python3 -m hw validate --gpus 2 --runtimes hw,torch,graphs --schedules gpipe,1f1b,interleaved-1f1b \
     --microbatches 4,8,16,32 --models "$2" --steps 8 --warmup 2 --profile "$3" --out "$work/$1"

@@ -11,23 +11,9 @@ out=${1:?usage: session.sh OUT [TOTAL_S] [MODELS]}
 total=${2:-570}
 models=${3:-16x512x4096}
 work=/tmp/mr
-mkdir -p "$out" "$work"
-part() {  # part NAME LIMIT command...
-  local name=$1 limit=$2 t=$SECONDS
-  shift 2
-  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,utilization.gpu --format=csv -lms 500 \
-    > "$work/$name-clocks.csv" 2>/dev/null &
-  local logger=$!
-  timeout "$limit" "$@" > "$work/$name.log" 2>&1
-  local rc=$?
-  kill "$logger" 2>/dev/null
-  echo "$name: exit $rc after $((SECONDS - t)) s (limit $limit s) at $(date -u +%H:%M:%S): $*" | tee -a "$work/steps.txt"
-  tail -n 4 "$work/$name.log"
-  tar czf "$out/session.tgz" -C "$work" .
-}
-{ date -u; nvidia-smi; nvidia-smi topo -m; nproc; lscpu | head -20; free -g;
-  python3 -c "import torch,sys; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sys.version)"; } \
-  > "$work/machine.txt" 2>&1
+archive="$out/session.tgz"
+source "$(dirname "$0")/device.sh"
+machine "$work/machine.txt"
 part calibrate 300 python3 -m hw calibrate --gpus 2 --runtimes torch,graphs --out "$work/profile.json" --force
 part trace 150 python3 lab/many-ranks/host_trace.py --out "$work/trace" --rounds 5 --steps 3
 left=$((total - SECONDS))
