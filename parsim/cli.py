@@ -35,6 +35,7 @@ from parsim.workload import (
     model_from_spec,
     named_model,
 )
+from parsim.workload.recompute import MODES
 
 _positive_int = flags.positive_int
 _int_list = flags.whole_list()
@@ -72,14 +73,25 @@ def add_partition_args(p: argparse.ArgumentParser, balance: bool = True) -> None
                        help="layers per stage, first stage first (instead of --partition)")
 
 
-def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: str | None = DEFAULT_RUNTIME) -> None:
+def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: str | None = DEFAULT_RUNTIME,
+                    recompute: bool = True) -> None:
     add_model_args(p)
     add_partition_args(p, balance)
     p.add_argument("--profile", type=flags.path, metavar="FILE",
                    help="hardware profile (default: the shipped, measured one)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
+    if recompute:
+        add_recompute_arg(p)
     add_runtime_arg(p, default=runtime)
+
+
+def add_recompute_arg(p: argparse.ArgumentParser) -> None:
+    """--recompute: which micro-batches keep only their stage input and run the forward again in the backward."""
+    p.add_argument("--recompute", choices=MODES, default="never",
+                   help="recompute each micro-batch's forward in its backward, keeping only its stage input: "
+                        "always, except-last (all but the last micro-batch, torchgpipe's default) or never "
+                        "(default never)")
 
 
 def add_runtime_arg(p: argparse.ArgumentParser, note: str = "", default: str | None = DEFAULT_RUNTIME) -> None:
@@ -180,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the best configuration's timeline (Chrome trace)")
     pl.add_argument("--jobs", type=flags.whole(1, MAX_JOBS), metavar="N",
                     help="processes simulating at once (default: all cores)")
-    _add_model_args(pl, balance=False, runtime=None)
+    _add_model_args(pl, balance=False, runtime=None, recompute=False)  # plan does not search recomputation yet
 
     sc = _command(sub, "scenario")
     sc.add_argument("name", choices=sorted(SCENARIOS))
@@ -213,7 +225,7 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
     config = Configuration(model, schedule, args.gpus, microbatches, virtual, dp, args.runtime, args.copy_streams,
-                           partition_from_args(args))
+                           partition_from_args(args), args.recompute)
     check(config)  # before anything is built
     runtime_for(args)
     with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again

@@ -25,6 +25,7 @@ from parsim.profile import Profile
 from parsim.runtimes import Runtime, get_runtime
 from parsim.sim.predict import Prediction
 from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
+from parsim.workload.recompute import MODES
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
 
@@ -57,6 +58,7 @@ class Point:
     measured_peak_bytes: int = 0
     host_probe_s: float = 0.0  # the host probe's median step in the point's turn (parsim.hostprobe); 0: none
     predicted_at_host_s: float = 0.0  # the prediction at that turn's measured host speed; 0: no probe
+    recompute: str = "never"  # which micro-batches' forwards ran again (parsim.workload.recompute)
 
     @property
     def memory_error(self) -> float | None:
@@ -68,7 +70,8 @@ class Point:
     def configuration(self) -> Configuration:
         """The measured configuration, to predict again."""
         return Configuration(self.workload(), self.schedule, self.gpus, self.microbatches,
-                             data_parallel=self.data_parallel, runtime=self.runtime, copy_streams=self.copy_streams)
+                             data_parallel=self.data_parallel, runtime=self.runtime, copy_streams=self.copy_streams,
+                             recompute=self.recompute)
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -79,7 +82,8 @@ class Point:
         """The schedule as the table and plots name it, with its variant."""
         return ((f"{self.runtime}:" if self.runtime != "hw" else "") + self.schedule
                 + (f" dp{self.data_parallel}" if self.data_parallel > 1 else "")
-                + (" copy-streams" if self.copy_streams else ""))
+                + (" copy-streams" if self.copy_streams else "")
+                + (f" recompute={self.recompute}" if self.recompute != "never" else ""))
 
     @property
     def model(self) -> str:
@@ -201,10 +205,13 @@ def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
             peaks = {c: int(_finite(row, c, 1, PEAK_BYTES, "0", zero=True))
                      for c in ("predicted_peak_bytes", "measured_peak_bytes")}
             probe_s = _finite(row, "host_probe_s", *STEP_S, "0", zero=True)
+            recompute = (row.get("recompute") or "never").strip()
+            if recompute not in MODES:
+                raise ValueError(f"recompute {recompute!r} is not one of {', '.join(MODES)}")
             columns: dict[str, Any] = {**sizes, **times, **peaks}
             point = Point(schedule, excluded=(row.get("excluded") or "").strip(), data_parallel=dp,
                           copy_streams=copy, spec=(row.get("model") or "").strip(), runtime=runtime,
-                          host_probe_s=probe_s, **columns)
+                          host_probe_s=probe_s, recompute=recompute, **columns)
             point.workload()  # a bad spec is this line's error, not a later one's
             check_actions(point.schedule, point.gpus, point.microbatches,
                           fix="compare predicts every row: leave this one out")  # before any row is predicted
@@ -236,7 +243,7 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
         peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), prepared.schedule, microbatch_tokens(
-            p.workload(), p.microbatches, p.data_parallel), "none"))
+            p.workload(), p.microbatches, p.data_parallel), "none", p.recompute))
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out
@@ -324,13 +331,16 @@ def ranking_lines(points: list[Point]) -> list[str]:
     """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
     fastest and the one predicted fastest ("what should I run?" asked of the measured grid; of schedules predicted
     equally fast to the nanosecond, the one predicted to need less memory, as plan ranks them)."""
-    groups: dict[tuple[str, int, int, bool, int, str], list[Point]] = {}
+    groups: dict[tuple[str, int, int, bool, int, str, str], list[Point]] = {}
     for p in points:
         if not p.excluded:
-            groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime),
+            groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime,
+                               p.recompute),
                               []).append(p)
     lines, right = [], 0
-    for (model, gpus, _, _, m, runtime), ps in groups.items():
+    for (model, gpus, _, _, m, runtime, recompute), ps in groups.items():
+        if recompute != "never":
+            runtime += f" recompute={recompute}"
         if len({p.schedule for p in ps}) < 2:
             continue
         measured = min(ps, key=lambda p: p.measured_s)

@@ -12,6 +12,7 @@ from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime
 from parsim.schedules import Schedule
 from parsim.sim.predict import Prediction, Simulation, check_sizes, predict_schedule
 from parsim.workload import Model, check_balance, microbatch_tokens, partitioned, stage_layers
+from parsim.workload.recompute import check_mode
 
 Partition = str | tuple[int, ...]  # "equal" layer counts, "time" (balanced by the profile), or layers per stage
 
@@ -30,6 +31,7 @@ class Configuration:
     runtime: str = DEFAULT_RUNTIME  # what runs the schedule (parsim.runtimes)
     copy_streams: bool = False  # messages on copy streams, not the compute stream (hw's runners)
     partition: Partition = "equal"
+    recompute: str = "never"  # which micro-batches' forwards run again in their backward (parsim.workload.recompute)
 
     @property
     def num_ranks(self) -> int:
@@ -73,7 +75,7 @@ class Prepared:
         """The predicted step, with the simulation behind its numbers."""
         c = self.config
         return predict_schedule(self.schedule, self.model, self.profile, self.run_profile, c.copy_streams,
-                                c.data_parallel, self.runtime.name)
+                                c.data_parallel, self.runtime.name, c.recompute)
 
 
 def check(config: Configuration) -> None:
@@ -82,6 +84,7 @@ def check(config: Configuration) -> None:
         raise ParsimError(f"{config.gpus} GPUs do not split into {config.data_parallel} data-parallel replicas")
     check_sizes(config.model, config.schedule, config.num_ranks, config.microbatches, config.virtual_stages,
                 config.data_parallel)
+    check_mode(config.recompute)
 
 
 def prepare(config: Configuration, profile: Profile) -> Prepared:

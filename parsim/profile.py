@@ -105,6 +105,11 @@ class HostCosts:
     # a rank's host loop, sd over mean from step to step: the step waits for the slowest of its ranks' loops, so
     # with n ranks every host runs at 1 + E[max of n standard normals] x rank_spread of its own pace (sim.ranks)
     rank_spread: float = 0.0
+    # what checkpointing a micro-batch (parsim.workload.recompute) costs the host, its forward's hooks and the forward
+    # run again in the backward: recompute_call_s per micro-batch plus recompute_s per layer of it; both 0: the
+    # forward's launches alone (uncalibrated)
+    recompute_s: float = 0.0
+    recompute_call_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,9 @@ class Profile:
         host = replace(self.host, action_s=self.host.action_s * factor, p2p_s=self.host.p2p_s * factor,
                        step_s=self.host.step_s * factor, split_backward_s=self.host.split_backward_s * factor,
                        begin_s=self.host.begin_s * factor, grad_add_s=self.host.grad_add_s * factor,
-                       after_backward_s=self.host.after_backward_s * factor, batch_s=self.host.batch_s * factor)
+                       after_backward_s=self.host.after_backward_s * factor, batch_s=self.host.batch_s * factor,
+                       recompute_s=self.host.recompute_s * factor,
+                       recompute_call_s=self.host.recompute_call_s * factor)
         layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
                                   for op in (c.forward, c.backward_input, c.backward_weight)))
                   for k, c in self.layers.items()}
@@ -327,7 +334,7 @@ class Profile:
             for key in ("begin_s", "after_backward_s", "batch_s"):  # the last two measured since 2026-11-28
                 if not costs[key]:
                     del costs[key]
-        for key in ("grad_add_s", "rank_spread"):  # measured since 2026-11-25 and 2026-11-28: absent in older profiles
+        for key in ("grad_add_s", "rank_spread", "recompute_s", "recompute_call_s"):  # absent in older profiles
             if not doc["host"][key]:
                 del doc["host"][key]
         for spec in doc["collectives"].values():  # measured since 2026-11-27: absent where it was not
@@ -341,7 +348,7 @@ class Profile:
 SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
 RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
 HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s", "grad_add_s", "after_backward_s", "batch_s",
-                      "rank_spread")  # host costs a profile may give as 0
+                      "rank_spread", "recompute_s", "recompute_call_s")  # host costs a profile may give as 0
 SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
 CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
 MAX_COUNT = 10**6  # GPUs per node, threads, cores

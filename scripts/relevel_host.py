@@ -48,7 +48,7 @@ def relevel(profile_path: Path, out: Path, samples_path: Path, grad_add_s: float
     layers = {k: leveled_layer(v) if k.split("@")[0] == "mlp" else v for k, v in profile.layers.items()}
     new_host = dataclasses.replace(profile.host, action_s=level.action_s, step_s=level.step_s,
                                    split_backward_s=host["split_backward_s"], grad_add_s=grad_add_s,
-                                   after_backward_s=level.after_backward_s)
+                                   after_backward_s=level.after_backward_s, **level.recompute_costs())
     meta = {**profile.meta, "host_level": {"by": f"scripts/relevel_host.py from {samples_path}",
                                            **dataclasses.asdict(level), "grad_add_s": grad_add_s}}
     if given and grad_add_s:

@@ -242,3 +242,21 @@ def test_peak_memory_is_compared_where_a_row_has_both_predicted_and_measured(tmp
     table = error_table(points)
     assert "peak memory: 3 points: median |error| 10.0%, worst 10.0%" in table
     assert "peak memory" not in error_table(read_points(FIXTURE))  # a CSV without the columns: no such section
+
+
+def test_a_recompute_column_is_read_repredicted_and_labelled(tmp_path):
+    """hw validate's `recompute` column: each row predicted as it ran, named in the table; an unknown mode is its
+    line's error."""
+    from parsim.profile import load_profile
+
+    rows = list(csv.DictReader(FIXTURE.open()))
+    for r in rows:
+        r["recompute"] = "always"
+    points = read_points(_write(tmp_path / "r.csv", rows))
+    assert {p.recompute for p in points} == {"always"} and "recompute=always" in points[0].label
+    profile = load_profile(None)
+    redone = repredict(points, profile)[0].predicted_s
+    assert redone > repredict([replace(points[0], recompute="never")], profile)[0].predicted_s
+    rows[1]["recompute"] = "sometimes"
+    with pytest.raises(ParsimError, match="line 3.*sometimes"):
+        read_points(_write(tmp_path / "bad.csv", rows))

@@ -67,6 +67,10 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     spread = samples["samples"]["rank_spread"]
     assert {r["schedule"] for r in spread["rows"]} == {"gpipe", "1f1b"} and len(spread["rows"][0]["loops_s"]) == 2
     assert profile.meta["rank_spread"]["ranks"] == 2
+    # hw's GPipe stepped with every micro-batch recomputed, beside the same without: its host cost, fitted apart
+    assert any(r.get("recomputed") for r in samples["samples"]["host_steps"])
+    assert profile.host.recompute_s >= 0 and profile.host.recompute_call_s >= 0
+    assert "host hw recompute" in samples["meta"]["fits"]
     assert profile.host.rank_spread == pytest.approx(max(spread["excess"], 0) * math.sqrt(math.pi))  # / E[max of 2]
     assert "ranks' host loops" in r.stdout
     assert "gpus_per_node" in profile.meta["carried_from_base"]
@@ -218,6 +222,26 @@ def test_the_host_level_is_an_adding_backwards_cost_where_each_steps_first_backw
     assert told.fit.max_rel_residual < 1e-6
     blind = hw_level(rows, spans_per_layer_s=420e-6)
     assert blind.fit.max_rel_residual > 1e-3  # without the saving no such line fits them
+
+
+def test_recomputing_steps_are_fitted_apart_per_checkpointed_microbatch_and_layer():
+    from hw.calibrate.host_steps import hw_level
+
+    # the plain steps as above; each recomputing GPipe 700 us a micro-batch and 320 us a layer of it more (+-1%)
+    plain = [{"runtime": "hw", "schedule": s, "stages": 1, "microbatches": m, "layers": k,
+              "step_s": 300e-6 + 2 * m * 90e-6 + m * k * 330e-6} for k in (1, 2, 4, 8) for m in (4, 8, 16)
+             for s in ("gpipe", "1f1b")]
+    redone = [{**r, "recomputed": r["microbatches"] * r["layers"],
+               "step_s": r["step_s"] + r["microbatches"] * (700e-6 + r["layers"] * 320e-6) * (1 + 0.01 * (-1) ** i)}
+              for i, r in enumerate(r for r in plain if r["schedule"] == "gpipe")]
+    level = hw_level(plain + redone, spans_per_layer_s=420e-6)
+    assert (level.step_s, level.action_s, level.per_layer_s) == pytest.approx((300e-6, 90e-6, 330e-6), rel=1e-3)
+    assert level.recompute is not None
+    assert (level.recompute.call_s, level.recompute.per_layer_s) == pytest.approx((700e-6, 320e-6), rel=0.03)
+    assert 0.005 < level.recompute.fit.max_rel_residual < 0.03
+    assert level.recompute_costs() == {"recompute_call_s": level.recompute.call_s,
+                                       "recompute_s": level.recompute.per_layer_s}
+    assert hw_level(plain, spans_per_layer_s=420e-6).recompute_costs() == {}  # none taken: none written
 
 
 def test_grad_add_host_is_the_slope_of_an_adding_first_backward_over_a_fresh_one():

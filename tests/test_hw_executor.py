@@ -61,6 +61,34 @@ def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, mi
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
 
 
+@pytest.mark.parametrize("name,ranks,microbatches,recompute", [
+    ("gpipe", 1, 3, "always"), ("gpipe", 2, 3, "except-last"), ("1f1b", 2, 4, "always"), ("gpipe", 4, 4, "always"),
+])
+def test_recomputing_stages_get_the_single_devices_loss_and_gradients(name, ranks, microbatches, recompute):
+    """torch.utils.checkpoint around a micro-batch's stage forward, run again in its backward: the same numbers."""
+    schedule = build(name, ranks, microbatches)
+    results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64, None, 1, "hw", recompute),
+                    timeout_s=30, deadline_s=120)
+    loss, grads = _reference(MODEL)
+    assert torch.allclose(results[schedule.stage_to_rank[-1]].loss, loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r.grads.items()}
+    assert got.keys() == grads.keys()
+    for key, g in grads.items():
+        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+
+
+def test_what_hws_runner_cannot_recompute_is_refused_in_one_line():
+    from hw.run.runtimes import check_runs
+    from hw.run.stage_runner import check_recompute
+
+    with pytest.raises(ParsimError, match="splits its backward"):
+        check_recompute(build("zb-h1", 2, 4), "always")
+    assert check_recompute(build("zb-h1", 2, 4), "never") == "never"
+    for runtime in ("torch", "graphs"):
+        with pytest.raises(ParsimError, match="hw's runner only"):
+            check_runs(runtime, recompute="always")
+
+
 @pytest.mark.parametrize("name,microbatches,balance", [
     ("gpipe", 3, None), ("1f1b", 4, (3, 1)), ("zb-h1", 4, (1, 3)),
 ])

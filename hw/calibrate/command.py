@@ -207,6 +207,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"adding gradients into .grad: {profile.host.grad_add_s * 1e6:.1f} us of host time per layer (a stage's "
           f"first backward of a step adds none)")
     print(f"a forward right after a backward: {profile.host.after_backward_s * 1e6:.1f} us more of host time")
+    if profile.host.recompute_s or profile.host.recompute_call_s:
+        print(f"a recomputed micro-batch (torch.utils.checkpoint): {profile.host.recompute_call_s * 1e6:.1f} us + "
+              f"{profile.host.recompute_s * 1e6:.1f} us a layer of host time")
     if "rank_spread" in samples:
         print(f"the slowest of {meta['rank_spread']['ranks']} ranks' host loops: "
               f"+{samples['rank_spread']['excess']:.1%} over the mean (tiny pipelines), a loop's spread "
@@ -296,6 +299,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         step_rows = host_steps.probe_rows("cpu" if cpu else "cuda", "fp32" if cpu else "bf16", "torch" in runtimes)
         level = host_steps.hw_level(step_rows, spans["forward_s"] + spans["backward_s"], grad_add_s)
         host, fits["host hw whole steps"] = host_steps.leveled(spans, level), level.fit
+        if level.recompute is not None:
+            fits["host hw recompute"] = level.recompute.fit
         progress.update()
         hosts = {"mlp": host}
         for kind in CONV_KINDS if conv else ():  # a conv block issues other kernels than an MLP block
@@ -358,7 +363,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         samples["resident_comm"] = resident_rows
     profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
                                              split_backward_s=host.get("split_backward_s", 0.0), grad_add_s=grad_add_s,
-                                             after_backward_s=level.after_backward_s, rank_spread=rank_spread),
+                                             after_backward_s=level.after_backward_s, rank_spread=rank_spread,
+                                             **level.recompute_costs()),
                       layers, collectives=collectives, resident_comm=resident)
     if "graphs" in runtimes:
         from hw.calibrate.graphs_runtime import calibrate_graphs

@@ -9,7 +9,9 @@ depths k and micro-batch counts m, in a fresh process of world size 1. Each runt
 
 where grad_add_s (hw.calibrate.host.grad_add_host) is what a stage's first backward of a step does not pay, and
 `after` counts the forwards that come right after a backward in the rank's program (1F1B order: m - 1 a stage),
-which cost the dispatching thread more (parsim.profile.HostCosts.after_backward_s). The spans around single actions
+which cost the dispatching thread more (parsim.profile.HostCosts.after_backward_s). hw's GPipe also steps with
+every micro-batch recomputed (torch.utils.checkpoint): its steps less the same GPipe's without are fitted apart, to
+recompute_call_s per checkpointed micro-batch plus recompute_s per layer of it. The spans around single actions
 (hw.calibrate.host.host_samples) give each op's share of a layer's host cost, these steps its level: a prediction
 is of whole steps, and the spans summed to more."""
 
@@ -27,6 +29,7 @@ from hw.measure.steps import Config, Job, measure_turns, on_rank
 from parsim.runtimes.torch_pipelining import TORCH
 from parsim.schedules import gpipe, one_f_one_b
 from parsim.sim.lower import forwards_after_backward
+from parsim.workload.recompute import recomputing_actions
 
 TORCH_FITTED = ("gpipe", "1f1b")  # one stage each
 TORCH_CHECKED = "interleaved-1f1b"  # two stages on the one rank: predicted by the fit, as a check
@@ -41,7 +44,8 @@ def probe_jobs(cpu: bool, dtype: str, with_torch: bool = False) -> list[Job]:
     for k in depths:
         for m in microbatches:
             stage = host_stage("mlp", k, 8 * m)  # 8 rows a micro-batch, as hw's host spans
-            jobs += [Job(gpipe(1, m), stage, config), Job(one_f_one_b(1, m), stage, config)]
+            jobs += [Job(gpipe(1, m), stage, config), Job(one_f_one_b(1, m), stage, config),
+                     Job(gpipe(1, m), stage, config, recompute="always")]
             if with_torch:
                 jobs += [Job(TORCH.build(name, 1, m), stage, config, runtime="torch") for name in TORCH_FITTED]
                 jobs.append(Job(TORCH.build(TORCH_CHECKED, 1, m), host_stage("mlp", 2 * k, 8 * m), config,
@@ -59,8 +63,14 @@ def probe_rows(device: str, dtype: str, with_torch: bool = False, timeout_s: flo
         rows.append({"runtime": job.runtime, "schedule": s.name, "stages": s.num_stages, "microbatches":
                      s.num_microbatches, "layers": len(job.model.layers) // s.num_stages,
                      "after_backward": len(forwards_after_backward(s)), "step_s": statistics.median(times),
-                     "steps_s": times})
+                     "steps_s": times, "recomputed": len(recomputing_actions(s, job.recompute)) * len(job.model.layers)
+                     // s.num_stages})
     return rows
+
+
+def plain(rows: list[dict]) -> list[dict]:
+    """The rows that recompute nothing: those the loop's level is fitted to."""
+    return [r for r in rows if not r.get("recomputed")]
 
 
 def _terms(rows: list[dict], grad_add_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,9 +83,10 @@ def _terms(rows: list[dict], grad_add_s: float) -> tuple[np.ndarray, np.ndarray,
 
 
 def fit_loop(rows: list[dict], grad_add_s: float = 0.0) -> tuple[np.ndarray, Fit]:
-    """(step_s, action_s, per_layer_s, after_backward_s) >= 0 by least squares on relative residuals, and the fit's
-    quality (reported as fixed_s = action_s, rate = layers per second, like the other host fits); after_backward_s
-    is 0 where no row has a forward after a backward."""
+    """(step_s, action_s, per_layer_s, after_backward_s) >= 0 by least squares on relative residuals over the rows
+    that recompute nothing, and the fit's quality (reported as fixed_s = action_s, rate = layers per second, like
+    the other host fits); after_backward_s is 0 where no row has a forward after a backward."""
+    rows = plain(rows)
     x, t, saved = _terms(rows, grad_add_s)
     used = np.flatnonzero(x.any(axis=0))
     sol = least_squares(lambda p: (x[:, used] @ p - saved) / t - 1,
@@ -86,9 +97,9 @@ def fit_loop(rows: list[dict], grad_add_s: float = 0.0) -> tuple[np.ndarray, Fit
 
 
 def quality(params: np.ndarray, rows: list[dict], grad_add_s: float = 0.0) -> Fit:
-    """How well (step_s, action_s, per_layer_s, after_backward_s) predicts `rows`: R^2 and the worst relative
-    residual."""
-    x, t, saved = _terms(rows, grad_add_s)
+    """How well (step_s, action_s, per_layer_s, after_backward_s) predicts `rows` (those that recompute nothing): R^2
+    and the worst relative residual."""
+    x, t, saved = _terms(plain(rows), grad_add_s)
     pred = x @ params - saved
     r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
     return Fit(float(params[1]), 1 / max(float(params[2]), 1e-30), float(r2), float(np.max(np.abs(pred / t - 1))))
@@ -105,13 +116,51 @@ class Level:
     span_scale: float
     fit: Fit
     after_backward_s: float = 0.0
+    recompute: Recompute | None = None  # None: the probe rows recompute nothing (taken before 2026-11-28)
+
+    def recompute_costs(self) -> dict[str, float]:
+        """HostCosts' recompute fields (none where the probe rows recompute nothing)."""
+        r = self.recompute
+        return {} if r is None else {"recompute_call_s": r.call_s, "recompute_s": r.per_layer_s}
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What recomputing a micro-batch (torch.utils.checkpoint around its stage) costs hw's host, from paired steps."""
+
+    call_s: float  # per checkpointed micro-batch
+    per_layer_s: float  # per layer of it
+    fit: Fit
 
 
 def hw_level(rows: list[dict], spans_per_layer_s: float, grad_add_s: float = 0.0) -> Level:
     """The level of hw's host costs from the probe rows; spans_per_layer_s: the spans' forward + backward per layer."""
-    params, fit = fit_loop([r for r in rows if r["runtime"] == "hw"], grad_add_s)
+    mine = [r for r in rows if r["runtime"] == "hw"]
+    params, fit = fit_loop(mine, grad_add_s)
     step_s, action_s, per_layer_s, after_backward_s = (float(v) for v in params)
-    return Level(step_s, action_s, per_layer_s, per_layer_s / spans_per_layer_s, fit, after_backward_s)
+    return Level(step_s, action_s, per_layer_s, per_layer_s / spans_per_layer_s, fit, after_backward_s,
+                 fit_recompute(mine))
+
+
+def fit_recompute(rows: list[dict]) -> Recompute | None:
+    """(call_s, per_layer_s) >= 0 from each recomputing GPipe's step less the same GPipe's without (timed in the same
+    turns): excess = micro-batches x call_s + their layers x per_layer_s, least squares on residuals relative to the
+    excess; None where no row recomputes."""
+    base = {(r["stages"], r["microbatches"], r["layers"]): r["step_s"] for r in plain(rows) if r["schedule"] == "gpipe"}
+    pairs = [(r, r["step_s"] - base[key]) for r in rows if r.get("recomputed")
+             and (key := (r["stages"], r["microbatches"], r["layers"])) in base]
+    if not pairs:
+        return None
+    x = np.array([(r["recomputed"] / r["layers"], r["recomputed"]) for r, _ in pairs], dtype=float)
+    excess = np.array([e for _, e in pairs])
+    scale = np.maximum(np.abs(excess), 1e-9)
+    sol = least_squares(lambda p: (x @ p - excess) / scale, x0=np.full(2, max(excess.mean(), 1e-9) / x.sum(1).max()),
+                        bounds=(0, np.inf))
+    pred = x @ sol.x
+    r2 = 1 - np.sum((excess - pred) ** 2) / max(np.sum((excess - excess.mean()) ** 2), 1e-300)
+    worst = float(np.max(np.abs(pred - excess) / scale))
+    fit = Fit(float(sol.x[0]), 1 / max(float(sol.x[1]), 1e-30), float(r2), worst)
+    return Recompute(float(sol.x[0]), float(sol.x[1]), fit)
 
 
 def leveled(per_layer: dict[str, float], level: Level) -> dict[str, float]:

@@ -8,9 +8,17 @@ import os
 from hw.measure.steps import DTYPES, Config, deadline_s, keep_traces, run, steps_per_job, trace_path
 from hw.run.ranks import require_gpus
 from hw.run.runtimes import check_runs
+from hw.run.stage_runner import check_recompute
 from parsim import flags
 from parsim.budget import check_cpu_run
-from parsim.cli import add_model_args, add_partition_args, add_runtime_arg, model_from_args, partition_from_args
+from parsim.cli import (
+    add_model_args,
+    add_partition_args,
+    add_recompute_arg,
+    add_runtime_arg,
+    model_from_args,
+    partition_from_args,
+)
 from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError
 from parsim.files import check_output, json_text, write_atomic
@@ -32,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=flags.positive_int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
+    add_recompute_arg(p)
     add_runtime_arg(p, PINNING_NOTE)
     add_model_args(p)
     add_partition_args(p)
@@ -63,7 +72,7 @@ def cpu_defaults(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """What can be refused before any work (the flags' ranges are their types'); the rank traces' paths, checked."""
-    check_runs(args.runtime, args.data_parallel, args.copy_streams)
+    check_runs(args.runtime, args.data_parallel, args.copy_streams, args.recompute)
     if args.cpu and args.copy_streams:
         raise ParsimError("--copy-streams posts messages on a dedicated CUDA stream: GPU only, not with --cpu")
     require_gpus(args.gpus, cpu=args.cpu)
@@ -80,9 +89,11 @@ def main(args: argparse.Namespace) -> int:
     if args.gpus % args.data_parallel:
         raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
     config = Configuration(model_from_args(args), args.schedule, args.gpus, args.microbatches, args.virtual_stages,
-                           args.data_parallel, args.runtime, args.copy_streams, partition_from_args(args))
+                           args.data_parallel, args.runtime, args.copy_streams, partition_from_args(args),
+                           args.recompute)
     prepared = prepare(config, given or load_profile())  # checked, built and split as `parsim predict` does
     schedule, model = prepared.schedule, prepared.model
+    check_recompute(schedule, args.recompute)
     validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
     if args.cpu:  # refused at once where even a CPU at its peak could not finish in time
@@ -91,7 +102,8 @@ def main(args: argparse.Namespace) -> int:
     token = str(os.getpid())
     try:
         report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace, token),
-                     "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime)
+                     "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime,
+                     args.recompute)
     except BaseException:
         keep_traces(traces, token, keep=False)
         raise
@@ -105,6 +117,7 @@ def report_text(r: dict) -> str:
     c = r["config"]
     replicas = f" ({c['data_parallel']} data-parallel replicas)" if c["data_parallel"] > 1 else ""
     replicas += f", {c['runtime']} runtime" if c.get("runtime", "hw") != "hw" else ""
+    replicas += f", recompute {c['recompute']}" if c.get("recompute", "never") != "never" else ""
     lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}{replicas}, {c['microbatches']} micro-batches, "
              f"{c['model']}, {c['dtype']}",
              f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "

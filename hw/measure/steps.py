@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from hw.run.observers import ActionTimer
 from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
-from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory
+from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory, runner_options
 from hw.run.stage_runner import Groups, replica_batch
 from hw.timing import sync
 from parsim.errors import ParsimError
@@ -64,6 +64,7 @@ class Job:
     data_parallel: int = 1  # replicas of the pipeline, each on its own ranks and share of the batch
     copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
     runtime: str = "hw"  # what runs the schedule (hw.run.runtimes; parsim's runtime of that name built the schedule)
+    recompute: str = "never"  # which micro-batches' forwards are checkpointed (parsim.workload.recompute)
 
     @property
     def ranks(self) -> int:
@@ -114,7 +115,8 @@ class Stepper:
         self.job = job
         self.runner: Runner
         self.runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
-                                                                   job.data_parallel, job.copy_streams)
+                                                                   job.data_parallel, job.copy_streams,
+                                                                   **runner_options(job.runtime, job.recompute))
         self.io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
         self.params = [p for module in stages.values() for p in module.parameters()]
         self.pinned = pins_host(self.runner)
@@ -396,7 +398,7 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
                      for rank in sorted(set(schedule.stage_to_rank))],
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
                    "runtime": job.runtime,
-                   "copy_streams": job.copy_streams,
+                   "copy_streams": job.copy_streams, "recompute": job.recompute,
                    "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
                    "balance": [len(r) for r in stage_layers(model, schedule.num_stages)],
@@ -407,10 +409,10 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
 
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
-        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw") -> dict:
-    """Measure `schedule` (on `data_parallel` replicas) run by `runtime`, and the one-device baseline (hw's runner);
-    the report as plain data."""
-    job = Job(schedule, model, config, data_parallel, copy_streams, runtime)
+        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw", recompute: str = "never") -> dict:
+    """Measure `schedule` (on `data_parallel` replicas) run by `runtime`, and the one-device baseline (hw's runner,
+    no recomputation); the report as plain data."""
+    job = Job(schedule, model, config, data_parallel, copy_streams, runtime, recompute)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, on_rank(baseline, 0), device)
 

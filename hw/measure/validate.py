@@ -32,6 +32,7 @@ from hw.measure.steps import (
 )
 from hw.run.ranks import require_gpus
 from hw.run.runtimes import RUNNERS, check_runs
+from hw.run.stage_runner import check_recompute
 from hw.run.teardown import child_env
 from parsim import flags
 from parsim.budget import check_cpu_run
@@ -45,6 +46,7 @@ from parsim.profile import Profile, load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
+from parsim.workload.recompute import MODES
 
 
 def _models(text: str) -> list[Model]:
@@ -65,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-parallel", type=flags.whole_list(), default="1", metavar="D,...",
                    help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
     p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
+    p.add_argument("--recompute", type=recompute_modes, default="never", metavar="MODE,...",
+                   help=f"recomputation modes ({', '.join(MODES)}): each point of hw's runner is measured under each, "
+                        "in turns; the other runtimes and split-backward schedules run `never` only (default never)")
     p.add_argument("--runtimes", default="hw", metavar="NAME,...",
                    help=f"what runs the schedules (parsim's runtimes hw runs: {', '.join(RUNNERS)}): each point is "
                         "measured under each, in turns (a step of each per round), and predicted as that runtime runs "
@@ -127,21 +132,32 @@ def _runtimes(text: str) -> tuple[str, ...]:
     return names
 
 
+def recompute_modes(text: str) -> tuple[str, ...]:
+    """--recompute's comma-separated modes, each one known (parsim.workload.recompute)."""
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"unknown recompute mode(s) {', '.join(unknown) or '(none)'}; "
+                                         f"choose from {', '.join(MODES)}")
+    return modes
+
+
 def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, replicas: int = 1,
-         copy_streams: bool = False, runtime: str = "hw") -> Job | None:
+         copy_streams: bool = False, runtime: str = "hw", recompute: str = "never") -> Job | None:
     """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas, a
-    schedule that refuses these sizes (or the runtime that), more stages than layers, or tokens that do not split
-    evenly."""
+    schedule that refuses these sizes (or the runtime that, or recomputing it), more stages than layers, or tokens
+    that do not split evenly."""
     if gpus % replicas or model.tokens % (microbatches * replicas):
         return None
     try:
-        check_runs(runtime, replicas, copy_streams)
+        check_runs(runtime, replicas, copy_streams, recompute)
         schedule = get_runtime(runtime).build(name, gpus // replicas, microbatches)
+        check_recompute(schedule, recompute)
     except ParsimError:
         return None
     if schedule.num_stages > len(model.layers):
         return None
-    return Job(schedule, model, config, replicas, copy_streams, runtime)
+    return Job(schedule, model, config, replicas, copy_streams, runtime, recompute)
 
 
 def _probe_job(ranks: int, config: Config) -> Job:
@@ -155,7 +171,7 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
     parsim's prediction."""
     s, model = job.schedule, job.model
     config = Configuration(model, s.name, job.ranks, s.num_microbatches, data_parallel=job.data_parallel,
-                           runtime=job.runtime, copy_streams=job.copy_streams)
+                           runtime=job.runtime, copy_streams=job.copy_streams, recompute=job.recompute)
     predicted, _ = predict(config, profile)
     c = measured["config"]
     measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
@@ -168,16 +184,16 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
-            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none")),
+            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none", job.recompute)),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
-            "runtime": job.runtime, "host_probe_s": probe_s,
+            "runtime": job.runtime, "host_probe_s": probe_s, "recompute": job.recompute,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
 def _samples(row: dict, measured: dict, probe: RankTiming) -> dict:
     """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
     probe, so that other estimators than the median of sample means can be redone offline."""
-    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams")
+    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams", "recompute")
     return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe.blocks}
 
 
@@ -201,7 +217,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
                                                              "runtime", "dtype", "device", "torch", "date", "profile",
                                                              "predicted_peak_bytes", "measured_peak_bytes",
-                                                             "host_probe_s"])
+                                                             "host_probe_s", "recompute"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -257,7 +273,8 @@ def main(args: argparse.Namespace) -> int:
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
     grid = [(model, [turn for p in gpus for d, c in variants for s in schedules for m in mbs
-                     if (turn := tuple(job for r in runtimes if (job := _job(s, p, m, model, config, d, c, r))))])
+                     if (turn := tuple(job for r in runtimes for rc in args.recompute
+                                       if (job := _job(s, p, m, model, config, d, c, r, rc))))])
             for model in models]
     if not any(turns for _, turns in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "

@@ -56,11 +56,19 @@ def job_groups(runtime: str, schedule: Schedule, groups: Groups, data_parallel: 
     return GROUPS.get(runtime, replica_groups)(schedule, groups, data_parallel)
 
 
-def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False) -> None:
+def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never") -> None:
     """One clear error, before anything starts, if hw cannot run `runtime` so."""
     runner_factory(runtime)
     if runtime in REFUSALS:
         REFUSALS[runtime](data_parallel, copy_streams)
+    if recompute != "never" and runtime != "hw":
+        raise ParsimError(f"--recompute runs on hw's runner only; the {runtime} runtime keeps every activation")
+
+
+def runner_options(runtime: str, recompute: str) -> dict[str, str]:
+    """The keyword arguments beyond the common ones that `runtime`'s factory takes for a job (check_runs refuses
+    the rest): hw's runner's recompute mode."""
+    return {"recompute": recompute} if runtime == "hw" else {}
 
 
 def pins_host(runner: Runner) -> bool:
@@ -90,13 +98,12 @@ class RankGradients:
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
-                         runtime: str = "hw") -> RankGradients:
-    """One pipelined step run by `runtime` (hw.run.runtimes): this rank's loss (last stage, its replica's share) and
-    its parameters' gradients (averaged over replicas) by global name."""
-    from hw.run.runtimes import job_groups, runner_factory
-
+                         runtime: str = "hw", recompute: str = "never") -> RankGradients:
+    """One pipelined step run by `runtime` (hw.run.runtimes), recomputing as `recompute` says: this rank's loss (last
+    stage, its replica's share) and its parameters' gradients (averaged over replicas) by global name."""
     made = job_groups(runtime, schedule, Groups(), data_parallel)
-    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel)
+    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel,
+                                                      **runner_options(runtime, recompute))
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)

@@ -15,11 +15,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
 from parsim.workload import Model, microbatch_tokens, stage_layers
+from parsim.workload.recompute import check_mode, recomputes
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
 
@@ -185,9 +187,11 @@ class StageRunner:
 
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
                  groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn: LossFn = nn.functional.mse_loss,
-                 offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False):
+                 offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False,
+                 recompute: str = "never"):
         """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism);
-        copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU)."""
+        copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU); recompute: which
+        micro-batches' stage forwards are checkpointed (parsim.workload.recompute)."""
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
         on_gpu = any(p.is_cuda for m in stages.values() for p in m.parameters())
         self.copy_stream = torch.cuda.Stream() if copy_streams and on_gpu else None
@@ -199,6 +203,7 @@ class StageRunner:
         waits = data_waits(schedule, rank)
         self.program = self._plan(waits)
         self.kept = {deps[0] for a, deps in waits.items() if a.op == Op.BACKWARD_INPUT}  # forwards an I runs from
+        self.recompute = check_recompute(schedule, recompute)
 
     def _plan(self, waits: dict[Action, Deps]) -> list[Planned]:
         """This rank's actions in program order, each with all it needs, so a step looks nothing up."""
@@ -288,6 +293,8 @@ class StageRunner:
             with capture_weighted_outputs(self.stages[s]) as captured:
                 y = self.stages[s](x)
             st.weight_work[a] = captured
+        elif recomputes(self.recompute, i, self.schedule.num_microbatches):  # keeps x; the backward runs it again
+            y = checkpoint(self.stages[s], x, use_reentrant=False)
         else:
             y = self.stages[s](x)
         if s == self.last:
@@ -326,6 +333,15 @@ class StageRunner:
         """W: each weighted module's parameter gradients, from its output gradient that I (deps[0]) kept."""
         for module, out, g in st.weight_work.pop(deps[0]):
             torch.autograd.backward(out, g, inputs=list(module.parameters(recurse=False)))
+
+
+def check_recompute(schedule: Schedule, recompute: str) -> str:
+    """The mode, or one clear error where hw's runner cannot recompute `schedule`: one that splits its backward
+    (its W needs the module outputs the forward captured, which a checkpointed forward does not keep)."""
+    if check_mode(recompute) != "never" and any(a.op == Op.BACKWARD_INPUT for acts in schedule.actions for a in acts):
+        raise ParsimError(f"hw's runner recomputes whole backwards only: {schedule.name} splits its backward, "
+                          "and its W needs the outputs its forward captured")
+    return recompute
 
 
 @contextmanager
@@ -400,7 +416,7 @@ def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -
 
 
 def replica_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
-                   made: Made, data_parallel: int = 1, copy_streams: bool = False,
+                   made: Made, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never",
                    ) -> tuple[StageRunner, dict[int, nn.Module], int]:
     """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets."""
     channels, replicas = made
@@ -410,7 +426,7 @@ def replica_runner(schedule: Schedule, model: Model, rank: int, device: torch.de
     from hw.nets.blocks import loss_for
 
     runner = StageRunner(schedule, q, stages, channels[replica], loss_for(model), offset=replica * schedule.num_ranks,
-                         grad_sync=sync, copy_streams=copy_streams)
+                         grad_sync=sync, copy_streams=copy_streams, recompute=recompute)
     return runner, stages, replica
 
 

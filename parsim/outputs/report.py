@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from parsim.sim.predict import GpuReport, Prediction
+from parsim.workload.recompute import RECOMPUTED
 
 
 def fmt_time(seconds: float) -> str:
@@ -45,7 +46,7 @@ def to_json(p: Prediction) -> dict[str, Any]:
             for g in p.per_gpu
         ],
         "profile": p.profile,
-    }
+    } | ({"recompute": p.recompute} if p.recompute != "never" else {})
 
 
 def to_text(p: Prediction, max_rows: int = 16) -> str:
@@ -54,7 +55,8 @@ def to_text(p: Prediction, max_rows: int = 16) -> str:
         f"parsim prediction: {p.schedule} on {p.gpus} GPU(s), {p.microbatches} micro-batches"
         + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages"
            if p.data_parallel > 1 else "")
-        + (f", run by {p.runtime}" if p.runtime != "hw" else ""),
+        + (f", run by {p.runtime}" if p.runtime != "hw" else "")
+        + (f", recomputing {RECOMPUTED[p.recompute]}" if p.recompute != "never" else ""),
         f"  model     {p.model}",
         f"  profile   {p.profile}",
         "",

@@ -24,8 +24,8 @@ from parsim.sim.dataflow import GRAD, stage_waits
 from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import (
     GRADIENT_OPS,
+    action_extras,
     compute_launches,
-    host_extras,
     last_gradient_actions,
     link_for,
     message_bytes,
@@ -63,7 +63,8 @@ class _Channel:
 
 
 def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool = False,
-                data_parallel: int = 1, buckets: dict[int, int] | None = None) -> Settled | None:
+                data_parallel: int = 1, buckets: dict[int, int] | None = None, recompute: str = "never",
+                ) -> Settled | None:
     """Settle one step as parsim.sim.predict.simulate builds it on the machine; None where it needs the machine
     (a link that several channels share, or an order this walk cannot follow) or a channel's messages are
     received out of order. `schedule` must be validated otherwise (check.validate with check_order=False)."""
@@ -74,7 +75,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
     launches = compute_launches(costs, profile)
-    extras = host_extras(schedule, profile)
+    extras = action_extras(schedule, costs, profile, recompute)
     add_s = gradient_adds(profile, costs)
     rules = stage_waits(schedule)
     more = runtime_waits(schedule.comm) if schedule.comm is not None else None
@@ -101,7 +102,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
             walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
-                                 len(walkers), work, channels, host, extras))
+                                 len(walkers), work, channels, host, extras.host, extras.gpu))
         tables.append(end)
     total = sum(map(len, schedule.actions)) * data_parallel
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
@@ -215,7 +216,8 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
           messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
           more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
           work: list[int], channels: list[_Channel], host: _Host,
-          extras: dict[Action, float] | None = None) -> Iterator[None]:
+          extras: dict[Action, float] | None = None, gpu_extras: dict[Action, float] | None = None,
+          ) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
@@ -234,8 +236,10 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                 else:
                     host_s, first_s = fresh_host_s, fresh_first_s
                     graded.add(s)
-            if extras and a in extras:  # lowering's host_extras, as lowering adds them
+            if extras and a in extras:  # lowering's action_extras, as lowering adds them
                 host_s, first_s = host_s + extras[a], first_s + extras[a]
+            if gpu_extras and a in gpu_extras:
+                gpu_s += gpu_extras[a]
             ready = free
             for dep in dep_rows:
                 e = dep[i]

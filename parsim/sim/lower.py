@@ -12,6 +12,7 @@ from parsim.schedules import Op as ActionOp
 from parsim.sim.dataflow import iter_wait_keys, transfers
 from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
+from parsim.workload.recompute import RECOMPUTING_OPS, recomputes, recomputing_actions
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 BACKWARD_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT})
@@ -101,23 +102,27 @@ def last_gradient_actions(schedule: Schedule) -> dict[int, Action]:
 
 def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
           copy_streams: bool = False, gpu_offset: int = 0, grad_buckets: dict[int, int] | None = None,
-          slower: Mapping[Action, float] | None = None) -> Lowered:
+          slower: Mapping[Action, float] | None = None, recompute: str = "never") -> Lowered:
     """Build one training step of a validated `schedule` on GPUs gpu_offset.. of `machine`.
 
     A compute action is one op on its GPU's compute stream, its kernels launched layer by
     layer; a send and its receive are one message op on the channel src->dst, issued by both
     hosts. With grad_buckets (stage -> n), a stage's last gradient-producing action is split
     into n equal chunks, one per gradient bucket, as DDP's hooks see them. `slower` (action -> seconds) lengthens
-    compute actions (parsim.sim.sharing). No host syncs yet: `finish_step` adds them once every op is in place.
+    compute actions (parsim.sim.sharing), as does `recompute` (parsim.workload.recompute). No host syncs yet:
+    `finish_step` adds them once every op is in place.
     """
     launches = compute_launches(costs, profile)
     ops = op_table(schedule)
     add_s = gradient_adds(profile, costs)
     firsts = first_gradient_actions(schedule)
+    extras = action_extras(schedule, costs, profile, recompute)
+    if extras.gpu:
+        slower = {a: extras.gpu.get(a, 0.0) + (slower or {}).get(a, 0.0) for a in {*extras.gpu, *(slower or {})}}
     parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts,
-                   host_extras(schedule, profile))
+                   extras.host)
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
@@ -221,10 +226,34 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
                 append(new_tuple(Launch, (part, host_s / n, min(first_s, host_s / n))))
 
 
+@dataclass(frozen=True)
+class Extras:
+    """Seconds some actions pay beyond their stage's costs (action -> seconds; None where none do), which both
+    engines add as they are: on the GPU before the action's op is split, on the host before its first launch."""
+
+    gpu: dict[Action, float] | None
+    host: dict[Action, float] | None
+
+
+def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, recompute: str = "never") -> Extras:
+    """host_extras, and each recomputing backward's forward run again (parsim.workload.recompute): its stage's
+    forward on the GPU; on the host, checkpointing's calibrated cost (host.recompute_call_s + its layers x
+    host.recompute_s), else the forward's launches (not a second action's cost)."""
+    host = host_extras(schedule, profile) or {}
+    redo = recomputing_actions(schedule, recompute)
+    call_s, per_layer = profile.host.recompute_call_s, profile.host.recompute_s
+    for a in redo:
+        cost = costs[a.stage]
+        more = call_s + cost.layers * per_layer if call_s > 0 or per_layer > 0 else cost.forward.host_s
+        host[a] = host.get(a, 0.0) + more
+    gpu = {a: costs[a.stage].forward.gpu_s for a in redo}
+    return Extras(gpu or None, host or None)
+
+
 def host_extras(schedule: Schedule, profile: Profile) -> dict[Action, float] | None:
     """Host seconds some actions pay beyond their own costs, by where they sit in their rank's program: a forward
     right after a backward (host.after_backward_s), the first message of each batch posted together (host.batch_s).
-    Both engines add them as they are, before the action's first launch; None where there are none."""
+    None where there are none."""
     after, batch = profile.host.after_backward_s, profile.host.batch_s
     extras: dict[Action, float] = dict.fromkeys(forwards_after_backward(schedule), after) if after > 0 else {}
     if batch > 0 and schedule.comm is not None:
@@ -323,22 +352,29 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
     return peak
 
 
-def peak_held_bytes(schedule: Schedule, stash_bytes: list[int]) -> list[int]:
-    """Per rank, the most activation bytes its stages hold at once, read off its program order.
+def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str = "never",
+                    input_bytes: list[int] | None = None) -> list[int]:
+    """Per rank, the most activation bytes its stages hold at once, read off its program order; a recomputed
+    micro-batch holds its stage's input (`input_bytes`) until its backward rebuilds the stash.
 
     A rank with several stages holds less than the sum of their peaks where those do not coincide
     (ZB-V's two stages peak at 2p+1 chunk-micro-batches together, but hold at most 2p at once).
     """
-    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
+    forward, weight, m = ActionOp.FORWARD, ActionOp.BACKWARD_WEIGHT, schedule.num_microbatches
+    inputs = input_bytes or [0] * len(stash_bytes)
+    redo = recompute != "never"
     peaks = []
     for acts in schedule.actions:
         held = peak = 0
-        for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+        for kind, stage, mb in acts:  # unpacked, not read by name: this sees every action
+            stash = stash_bytes[stage]
             if kind == forward:
-                held += stash_bytes[stage]
-                if held > peak:
-                    peak = held
-            elif kind == backward or kind == weight:
-                held -= stash_bytes[stage]
+                held += inputs[stage] if redo and recomputes(recompute, mb, m) else stash
+            elif redo and kind in RECOMPUTING_OPS and recomputes(recompute, mb, m):
+                held += stash - inputs[stage]  # rebuilt for the backward
+            if held > peak:
+                peak = held
+            if kind == ActionOp.BACKWARD or kind == weight:
+                held -= stash
         peaks.append(peak)
     return peaks

@@ -45,6 +45,7 @@ class Prediction:
     data_parallel: int = 1
     sample: str = "token"  # what `tokens` counts: "token", or "image" for a conv net
     runtime: str = "hw"  # what ran the step (parsim.runtimes); the single-GPU baseline is always eager
+    recompute: str = "never"  # which micro-batches' forwards run again (parsim.workload.recompute)
 
     @property
     def speedup(self) -> float:
@@ -92,14 +93,16 @@ ENGINES = ("auto", "longest-path", "events")  # simulate's: the walk where it ap
 
 
 def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
-             copy_streams: bool = False, data_parallel: int = 1, engine: str = "auto") -> Simulation:
+             copy_streams: bool = False, data_parallel: int = 1, engine: str = "auto",
+             recompute: str = "never") -> Simulation:
     """Run one step of `schedule` with per-stage `costs` on the machine `profile` describes,
     on `data_parallel` replicas of the pipeline whose gradients are all-reduced.
 
     The step is settled by one longest-path pass (parsim.sim.longest_path) where no link is shared, else on
     the event-driven machine; both give the same times, to the bit. `engine` forces one, for tests
     ("longest-path" raises where it does not apply). Where receives wait beside compute and the profile says
-    that slows it, the machine settles the step until the slowdowns agree (parsim.sim.sharing).
+    that slows it, the machine settles the step until the slowdowns agree (parsim.sim.sharing). `recompute`:
+    which backwards run their forward again (parsim.workload.recompute).
     """
     with gc_paused():
         validate(schedule, copy_streams, check_deadlock=False, check_order=False)  # the simulation finds these
@@ -107,7 +110,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         gpus = schedule.num_ranks * data_parallel
 
         def lowered(slower: Slower | None = None) -> tuple[Machine, OpTable]:
-            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower)
+            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, recompute)
 
         def run_machine() -> Machine:
             return lowered()[0]
@@ -120,7 +123,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
             check_channel_order(schedule)
             machine, slower = settle_sharing(lowered, schedule, early, rate, copy_streams)
             return _simulation(machine, gpus, lambda: lowered(slower)[0])
-        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
+        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, recompute) \
             if engine != "events" else None
         if settled is not None:
             return Simulation(settled.step_time_s, settled.busy_s, run_machine)
@@ -145,12 +148,13 @@ def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine])
 
 def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
                      data_parallel: int, buckets: dict[int, int] | None, slower: Slower | None = None,
-                     ) -> tuple[Machine, OpTable]:
+                     recompute: str = "never") -> tuple[Machine, OpTable]:
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
     first replica's op table."""
     with gc_paused():
         machine = Machine()
-        replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower)
+        replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower,
+                           recompute)
                     for r in range(data_parallel)]
         if data_parallel > 1:
             assert buckets is not None, "several replicas all-reduce their gradients by bucket"
@@ -177,24 +181,25 @@ def check_sizes(model: Model, schedule: str, num_ranks: int, microbatches: int, 
 
 
 def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bool = False,
-            data_parallel: int = 1, runtime: Runtime | None = None) -> tuple[Prediction, Simulation]:
+            data_parallel: int = 1, runtime: Runtime | None = None, recompute: str = "never",
+            ) -> tuple[Prediction, Simulation]:
     """Predict the step of `model` under a built `schedule` (on each of `data_parallel` replicas), run by `runtime`
     (default hw's eager runner), with the simulation behind the numbers. parsim.configuration.predict builds the
     schedule and splits the model too."""
     run_profile = runtime.costs(profile) if runtime is not None else profile
     return predict_schedule(schedule, model, profile, run_profile, copy_streams, data_parallel,
-                            runtime.name if runtime is not None else "hw")
+                            runtime.name if runtime is not None else "hw", recompute)
 
 
 def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
-                     data_parallel: int, runtime: str) -> tuple[Prediction, Simulation]:
+                     data_parallel: int, runtime: str, recompute: str = "never") -> tuple[Prediction, Simulation]:
     """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
     one-GPU baseline, which hw's eager runner runs. Several ranks' hosts run at the slowest one's pace
     (parsim.sim.slowest)."""
     run_profile = at_slowest_pace(run_profile, schedule.num_ranks * data_parallel)
     with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
         costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
-        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel)
+        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel, recompute=recompute)
         single_s = single_gpu_step_s(model, profile)
         for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
             # a profile loaded from a file is range-checked: not from there
@@ -203,7 +208,8 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
                                    "one of its costs or rates is out of range")
         gpus = schedule.num_ranks * data_parallel
         busy = sim.busy_s
-        held = peak_held_bytes(schedule, [c.stash_bytes for c in costs])
+        held = peak_held_bytes(schedule, [c.stash_bytes for c in costs], recompute,
+                               [0, *(c.send_bytes for c in costs[:-1])])
         per_gpu = []
         for g in range(gpus):
             rank = g % schedule.num_ranks
@@ -212,5 +218,5 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
         prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
                                 sim.step_time_s, single_s, model.tokens,
                                 tuple(per_gpu), "; ".join([run_profile.describe(), *stand_ins(model, run_profile)]),
-                                data_parallel, model.sample, runtime)
+                                data_parallel, model.sample, runtime, recompute)
         return prediction, sim

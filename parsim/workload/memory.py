@@ -4,8 +4,9 @@ holds, walked layer by layer through the schedule.
 A forward adds each layer's stash (what autograd keeps for its backward), and the stage's output, which the
 runner keeps until the backward; a backward frees them layer by layer; each layer's transient working memory
 counts only while it runs. A split backward's input-grad frees nothing and keeps every weighted module's output
-gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient. The batch
-itself is not counted.
+gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient. A
+recomputed micro-batch's forward keeps only its stage's input; its backward runs the forward again, rebuilding
+what the forward would have kept, then frees it as any backward does. The batch itself is not counted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from parsim.errors import ModelError
 from parsim.schedules import Action, Op, Schedule
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
+from parsim.workload.recompute import RECOMPUTING_OPS, check_mode, recomputes
 
 # extra bytes per parameter, beyond the weight, by optimizer
 OPTIMIZERS = {
@@ -54,29 +56,42 @@ def static_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
     return dtype_bytes + (dtype_bytes + MASTER_AND_MOMENTS_BYTES if optimizer == "adam" else 0)
 
 
-def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: str = "adam") -> list[int]:
+def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: str = "adam",
+                    recompute: str = "never") -> list[int]:
     """Per rank of `schedule`, the most memory it holds at once: weights (and, for Adam, gradients and
     optimizer state), plus activations and working memory at the worst point of its program, for
-    micro-batches of `samples` samples."""
+    micro-batches of `samples` samples, recomputed as `recompute` says (parsim.workload.recompute)."""
     split = {(a.stage, a.microbatch) for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
-    stages = [[layer_memory(model.layers[i], samples) for i in ids] for ids in stage_layers(model, schedule.num_stages)]
-    outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in stage_layers(model, schedule.num_stages)]
+    ids_of = stage_layers(model, schedule.num_stages)
+    stages = [[layer_memory(model.layers[i], samples) for i in ids] for ids in ids_of]
+    outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in ids_of]
+    m = schedule.num_microbatches
+    redo = {(s, i) for s in range(schedule.num_stages) for i in range(m) if recomputes(check_mode(recompute), i, m)}
     last = schedule.num_stages - 1
     peaks = []
     for rank, acts in enumerate(schedule.actions):
         mine = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
         static = sum(static_bytes_per_param(optimizer, model.layers[i].dtype_bytes) * model.layers[i].params
-                     for s in mine for i in stage_layers(model, schedule.num_stages)[s])
-        peaks.append(_walk(acts, stages, outputs, last, split, static, made_grads=optimizer == "none"))
+                     for s in mine for i in ids_of[s])
+        peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo))
     return peaks
 
 
 def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: list[int], last: int,
-          split: set[tuple[int, int]], static: int,
-          made_grads: bool) -> int:
-    """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward."""
+          split: set[tuple[int, int]], static: int, made_grads: bool,
+          redo: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()) -> int:
+    """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward; `redo`:
+    the (stage, micro-batch) pairs whose forward keeps only its input (outputs[stage - 1]) until recomputed."""
     held = peak = static
     graded: set[tuple[int, int]] = set()
+
+    def forward(layers: list[LayerMemory], extra: bool, keep: bool) -> None:
+        """A forward's layers one by one: each one's working memory, and its stash kept (`keep`) or not."""
+        nonlocal held, peak
+        for layer in layers:
+            peak = max(peak, held + layer.forward_workspace)
+            if keep:
+                held += layer.stash + (layer.captured if extra else 0)
 
     def grads(stage: int, i: int, layer: LayerMemory) -> int:
         if not made_grads or (stage, i) in graded:
@@ -87,14 +102,17 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
     for a in acts:
         layers = stages[a.stage]
         kept = outputs[a.stage] if a.stage != last else 0
+        pair = (a.stage, a.microbatch)
+        recomputed = pair in redo
+        given = outputs[a.stage - 1] if recomputed and a.stage > 0 else 0  # what a recomputed forward keeps
         if a.op == Op.FORWARD:
-            extra = (a.stage, a.microbatch) in split
-            for layer in layers:
-                peak = max(peak, held + layer.forward_workspace)
-                held += layer.stash + (layer.captured if extra else 0)
-            held += kept
-        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            forward(layers, pair in split, keep=not recomputed)
+            held += kept + given
+        elif a.op in RECOMPUTING_OPS:
             held -= kept
+            if recomputed:  # the forward again, its stash rebuilt in place of the input it kept
+                held -= given
+                forward(layers, pair in split, keep=True)
             for i in reversed(range(len(layers))):
                 layer = layers[i]
                 if a.op == Op.BACKWARD:
