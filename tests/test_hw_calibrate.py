@@ -71,6 +71,9 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert any(r.get("recomputed") for r in samples["samples"]["host_steps"])
     assert profile.host.recompute_s >= 0 and profile.host.recompute_call_s >= 0
     assert "host hw recompute" in samples["meta"]["fits"]
+    # its own probes' steps predicted before it wrote (recorded, not enforced on a CPU); failed fits named
+    assert profile.meta["self_check"]["rows"] and "self-check: the profile predicts its" in r.stdout
+    assert isinstance(samples["samples"]["fallbacks"], list)
     assert profile.host.rank_spread == pytest.approx(max(spread["excess"], 0) * math.sqrt(math.pi))  # / E[max of 2]
     assert "ranks' host loops" in r.stdout
     assert "gpus_per_node" in profile.meta["carried_from_base"]

@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from hw.calibrate import host_steps, stage_probe
 from hw.calibrate import transformer as calibrate_transformer
+from hw.calibrate.fallback import Fallback, fall_back
+from hw.calibrate.fallback import describe as describe_fallback
 from hw.calibrate.fit import Fit
 from hw.calibrate.host import grad_add_host, host_costs, host_samples
 from hw.calibrate.kernels import autograd_accumulate, measure_all
@@ -45,6 +47,7 @@ from hw.calibrate.layers import (
 )
 from hw.calibrate.links import copy_links, gpu_links
 from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
+from hw.calibrate.self_check import BOUND, self_check, verdict
 from hw.run.ranks import require_gpus
 from parsim import flags
 from parsim.errors import ParsimError
@@ -191,14 +194,24 @@ def main(args: argparse.Namespace) -> int:
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
             "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
             "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
+            **({"fallbacks": samples["fallbacks"]} if samples["fallbacks"] else {}),
             **({"rank_spread": _spread_meta(samples["rank_spread"])} if "rank_spread" in samples else {}),
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
+    check = self_check(profile, samples["host_steps"])
+    if check is not None:
+        meta["self_check"] = verdict(check, str(out), args.force, enforced=not args.cpu)
     memory = torch.cuda.get_device_properties(0).total_memory if not args.cpu else None
-    profile = dataclasses.replace(profile, meta=meta, provisional=bool(meta["carried_from_base"]),
-                                  gpu_memory_bytes=memory)
+    profile = dataclasses.replace(profile, meta=meta, gpu_memory_bytes=memory,
+                                  provisional=bool(meta["carried_from_base"]) or "forced" in meta.get("self_check", {}))
     save_profile(profile, out, {"meta": meta, "samples": samples})
     _report(fits, out, samples_path(out))
+    for f in samples["fallbacks"]:
+        print(describe_fallback(Fallback(**f)))
+    if check is not None:
+        print(check.summary() + ("" if check.passed else f": past the {BOUND:.0%} bound"
+                                 + (", written with --force" if "forced" in meta["self_check"] else
+                                    " (not enforced on the CPU)")))
     for family, slow in samples["in_step_slowdown"].items():
         print(f"in-step slowdown of {family} layers x{slow['factor']:.3f} "
               + ("applied to their costs" if slow.get("applied", True)
@@ -324,6 +337,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
             load[family]["applied"] = False
         layers = stretched(layers, load)
         fits |= layer_fits
+        layers, fallbacks = fall_back(layers, layer_fits, None if cpu else base, gpu=not cpu)
         autograd_add, add_rows = autograd_accumulate(device, dtype, hidden, cpu)
         fits["autograd add"] = add_rows["fit"]
         copy_sizes = [1 << k for k in range(12, 30 if not cpu else 21, 2)]  # 4 KiB .. 256 MiB
@@ -338,7 +352,8 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     samples = {"layers": layer_rows, "stages": stage_rows, "in_step_slowdown": load, "host": host_rows.pop("mlp"),
                "copies": copy_rows,
                "op_costs": op_costs, "host_steps": step_rows, "host_level": dataclasses.asdict(level),
-               "autograd_accumulate": add_rows["rows"], "grad_add_host": grad_add_rows}
+               "autograd_accumulate": add_rows["rows"], "grad_add_host": grad_add_rows,
+               "fallbacks": [dataclasses.asdict(f) for f in fallbacks]}
     if conv:
         samples["host_by_kind"] = host_rows
     if transformers:
@@ -358,6 +373,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure
     node = count if count >= 2 and not cpu else base.gpus_per_node
     samples["carried"] = ([] if count >= 2 else ["host.p2p_s"]) + ([] if node == count else ["gpus_per_node"]) \
+        + [f"layers.{f.key}.{f.op}" for f in fallbacks if f.used == "base"] \
         + (["resident_comm"] if resident_rows is None and resident is not None else [])
     if resident_rows is not None:
         samples["resident_comm"] = resident_rows

@@ -19,7 +19,7 @@ from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_he
 from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import Slower, early_receives, settle_sharing
 from parsim.sim.slowest import at_slowest_pace
-from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, stage_costs, stand_ins
+from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,7 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
             per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
         prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
                                 sim.step_time_s, single_s, model.tokens,
-                                tuple(per_gpu), "; ".join([run_profile.describe(), *stand_ins(model, run_profile)]),
+                                tuple(per_gpu), "; ".join([run_profile.describe(), *stand_ins(model, run_profile),
+                                                           *poor_fits(model, run_profile)]),
                                 data_parallel, model.sample, runtime, recompute)
         return prediction, sim

@@ -142,6 +142,17 @@ def stand_ins(model: Model, profile: Profile) -> list[str]:
             if STAND_INS.get(k, "") in profile.layers]
 
 
+def poor_fits(model: Model, profile: Profile) -> list[str]:
+    """What of `model` the profile prices by a fit its calibration found failed and had nothing to replace with
+    (meta "fallbacks" kept; hw.calibrate.fallback), as notes: ["llama backward_weight: a poor fit (R^2 -0.318)"]."""
+    kept = {(f.get("key"), f.get("op")): f.get("reason", "") for f in profile.meta.get("fallbacks") or []
+            if isinstance(f, dict) and f.get("used") == "kept"}
+    if not kept:
+        return []
+    used = {next((k for k in part.keys if k in profile.layers), None) for layer in model.layers for part in layer.parts}
+    return [f"{key} {op}: a poor fit ({reason})" for (key, op), reason in sorted(kept.items()) if key in used]
+
+
 def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     """One layer's forward, input-grad and weight-grad for a micro-batch of `samples`: each part's GPU time at
     its work (an op with no work runs nothing) and its host's time to launch it."""

@@ -1,0 +1,103 @@
+"""A calibration that holds (issue 50): failed layer fits are not used as fitted, predictions say when they lean on
+one kept, and calibrate predicts its own probes' steps before it writes, refusing past a bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hw.calibrate.fallback import GPU_RATE_MAX, Fallback, describe, failure, fall_back, layer_fit  # noqa: E402
+from hw.calibrate.fit import Fit  # noqa: E402
+from hw.calibrate.self_check import BOUND, self_check, verdict  # noqa: E402
+from parsim.configuration import Configuration, predict  # noqa: E402
+from parsim.errors import ParsimError  # noqa: E402
+from parsim.profile import LayerCosts, OpCost, load_profile  # noqa: E402
+from parsim.workload import mlp_model  # noqa: E402
+
+GOOD = Fit(10e-6, 5e14, 0.999, 0.05)
+
+
+def _costs(rate: float) -> LayerCosts:
+    return LayerCosts(*[OpCost(50e-6, 10e-6, rate)] * 3)
+
+
+@pytest.mark.parametrize("fit,why", [
+    (Fit(300e-6, 9.88e21, -0.3185, 0.465), "R^2"),  # the llama weight-grad fit of issue 50
+    (Fit(10e-6, 5e14, 0.99, 1.5), "worst residual"),
+    (Fit(10e-6, 2 * GPU_RATE_MAX, 0.999, 0.05), "past any GPU"),
+])
+def test_a_fit_fails_by_its_r2_its_worst_residual_or_a_rate_past_any_gpu(fit, why):
+    assert why in failure(fit, gpu=True)
+    assert failure(GOOD, gpu=True) is None
+    assert failure(dataclasses.replace(GOOD, rate=2 * GPU_RATE_MAX), gpu=False) is None  # a CPU's rates: no bound
+
+
+def test_fit_names_map_to_the_layer_key_and_op_they_price():
+    layers = {k: _costs(1e14) for k in ("mlp", "mlp@256", "conv@64x56", "llama")}
+    assert layer_fit("forward", layers) == ("mlp", "forward")
+    assert layer_fit("backward_weight@256", layers) == ("mlp@256", "backward_weight")
+    assert layer_fit("conv@64x56 backward_input", layers) == ("conv@64x56", "backward_input")
+    assert layer_fit("llama backward_weight", layers) == ("llama", "backward_weight")
+    assert layer_fit("host hw whole steps", layers) is None and layer_fit("link nvlink", layers) is None
+    assert layer_fit("forward@512", layers) is None  # no such key: nothing it prices
+
+
+def test_a_failed_fit_falls_back_to_its_kind_then_the_base_then_is_kept_and_named():
+    layers = {"mlp": _costs(4e14), "mlp@256": _costs(1e14), "llama": _costs(3e14), "gpt": _costs(2e14)}
+    base = dataclasses.replace(load_profile(None), layers={"llama": _costs(6e14)})
+    bad = Fit(300e-6, 9.88e21, -0.3, 0.5)
+    fits = {"forward": GOOD, "backward_weight@256": bad, "llama backward_weight": bad, "gpt forward": bad}
+    out, done = fall_back(layers, fits, base, gpu=True)
+    by = {(f.key, f.op): f.used for f in done}
+    assert by == {("mlp@256", "backward_weight"): "kind", ("llama", "backward_weight"): "base",
+                  ("gpt", "forward"): "kept"}
+    assert out["mlp@256"].backward_weight == layers["mlp"].backward_weight
+    assert out["mlp@256"].forward == layers["mlp@256"].forward  # only the failed op is replaced
+    assert out["llama"].backward_weight == base.layers["llama"].backward_weight
+    assert out["gpt"] == layers["gpt"] and layers["llama"].backward_weight.flops_per_s == 3e14  # the input is untouched
+    assert any("carried from the base" in describe(f) for f in done)
+    # without a base (a CPU calibration) nothing is carried
+    _, cpu = fall_back(layers, fits, None, gpu=False)
+    assert {(f.key, f.used) for f in cpu} >= {("llama", "kept")}
+
+
+def test_a_prediction_says_when_it_leans_on_a_kept_poor_fit():
+    profile = load_profile(None)
+    kept = Fallback("forward@2048", "mlp@2048", "forward", "R^2 0.512 < 0.97", "kept")
+    leaning = dataclasses.replace(profile, meta={**profile.meta, "fallbacks": [dataclasses.asdict(kept)]})
+    model = mlp_model(8, 2048, 4096)
+    noted = predict(Configuration(model, "gpipe", 2, 4), leaning)[0].profile
+    assert "mlp@2048 forward: a poor fit (R^2 0.512 < 0.97)" in noted
+    assert "poor fit" not in predict(Configuration(mlp_model(8, 1024, 4096), "gpipe", 2, 4), leaning)[0].profile
+    assert "poor fit" not in predict(Configuration(model, "gpipe", 2, 4), profile)[0].profile
+
+
+def _rows(profile, scale: float = 1.0) -> list[dict]:
+    """hw's probe rows as host_steps.probe_rows writes them, each step the profile's own prediction times scale."""
+    from hw.calibrate.host import host_stage
+
+    rows = []
+    for k in (1, 4):
+        for m in (4, 8):
+            for schedule in ("gpipe", "1f1b"):
+                config = Configuration(host_stage("mlp", k, 8 * m), schedule, 1, m)
+                rows.append({"runtime": "hw", "schedule": schedule, "stages": 1, "microbatches": m, "layers": k,
+                             "step_s": scale * predict(config, profile)[0].step_time_s})
+    return rows
+
+
+def test_calibrate_predicts_its_own_probes_and_refuses_a_profile_past_the_bound_unless_forced():
+    profile = load_profile(None)
+    held = self_check(profile, _rows(profile))
+    assert held is not None and held.passed and held.worst < 1e-9
+    assert verdict(held, "p.json", force=False) == held.meta()
+    off = self_check(profile, _rows(profile, scale=2.0))  # steps twice what the profile says: a broken level
+    assert off is not None and not off.passed and off.worst == pytest.approx(0.5) and off.worst > BOUND
+    with pytest.raises(ParsimError, match="not written; pass --force"):
+        verdict(off, "p.json", force=False)
+    assert verdict(off, "p.json", force=True)["forced"] is True
+    assert verdict(off, "p.json", force=False, enforced=False)["passed"] is False  # the CPU's: recorded only
+    assert self_check(profile, [{**r, "runtime": "torch"} for r in _rows(profile)]) is None
