@@ -37,6 +37,18 @@ CASES = {
                                            "--microbatches", "2", "--models", "34x16x64"], "--cpu runs at most 16"),
     "calibrate_cpu_ranks_past_the_bound": (["calibrate", "--cpu", "--gpus", "17", "--out", "p.json"],
                                            "--cpu runs at most 16"),
+    # steps of one job: bounded before any rank starts (issue 49)
+    "measure_steps_past_the_bound": (["measure", "--steps", "100000"], "--steps: must be at most 10,000"),
+    "validate_warmup_past_the_bound": (["validate", "--cpu", "--warmup", "20000", "--out", "v"],
+                                       "--warmup: must be at most 10,000"),
+    # recomputation: a mode hw knows, a schedule and runtime that can run it (issue 44)
+    "measure_recompute_unknown": (["measure", "--cpu", "--recompute", "sometimes"], "invalid choice: 'sometimes'"),
+    "measure_recompute_split_backward": (["measure", "--cpu", "--gpus", "2", "--schedule", "zb-h1", "--recompute",
+                                          "always"], "splits its backward"),
+    "measure_recompute_torch": (["measure", "--cpu", "--gpus", "2", "--runtime", "torch", "--recompute", "always"],
+                                "--recompute runs on hw's runner only"),
+    "validate_recompute_unknown": (["validate", "--cpu", "--recompute", "never,some", "--out", "v"],
+                                   "unknown recompute mode(s) some"),
     # hw measure
     "measure_trace_is_a_directory": (["measure", *TINY, "--trace", "dir"], "--trace dir: it is a folder"),
     "measure_trace_in_a_missing_folder": (["measure", *TINY, "--trace", "nope/t.json"], "folder nope does not exist"),

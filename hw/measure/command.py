@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hw.measure.steps import DTYPES, Config, deadline_s, keep_traces, run, steps_per_job, trace_path
+from hw.measure.steps import DTYPES, MAX_STEPS, Config, deadline_s, keep_traces, run, steps_per_job, trace_path
 from hw.run.ranks import require_gpus
 from hw.run.runtimes import check_runs
 from hw.run.stage_runner import check_recompute
@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=flags.path, metavar="FILE",
                    help="the profile --partition time balances by, as `parsim predict "
                                                     "--partition time` does (default: the shipped one)")
-    p.add_argument("--steps", type=flags.positive_int, default=10, help="timed steps (default 10)")
-    p.add_argument("--warmup", type=flags.whole(0), default=3, help="untimed steps first (default 3)")
+    p.add_argument("--steps", type=flags.whole(1, MAX_STEPS), default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=flags.whole(0, MAX_STEPS), default=3, help="untimed steps first (default 3)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on GPUs, fp32 on the CPU")
     p.add_argument("--cpu", action="store_true", help="run the ranks on the CPU with gloo (a tiny model unless one is "
                                                       f"given: {CPU_MODEL[0]} MLP blocks of {CPU_MODEL[1]}, "

@@ -358,6 +358,9 @@ def deadline_s(timeout_s: float, jobs: int) -> float:
     return timeout_s * (4 + jobs)
 
 
+MAX_STEPS = 10_000  # --steps and --warmup of one job: past this a run is a soak test, not a measurement
+
+
 def steps_per_job(steps: int, warmup: int, trace: str | None = None) -> int:
     """Steps a job runs on each of its ranks: warm-up, timed, one with per-action timers, one profiled (--trace)."""
     return warmup + steps + 1 + (trace is not None)

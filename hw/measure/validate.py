@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hw.calibrate.command import RUNTIME_COSTS
 from hw.measure.steps import (
+    MAX_STEPS,
     Config,
     Job,
     RankTiming,
@@ -87,8 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=flags.path, default="validation", metavar="DIR",
                    help="folder for the CSV, profile and plots")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run's outputs in --out")
-    p.add_argument("--steps", type=flags.positive_int, default=10)
-    p.add_argument("--warmup", type=flags.whole(0), default=3)
+    p.add_argument("--steps", type=flags.whole(1, MAX_STEPS), default=10)
+    p.add_argument("--warmup", type=flags.whole(0, MAX_STEPS), default=3)
     p.add_argument("--cpu", action="store_true", help="tiny run on the CPU with gloo (for tests): a tiny grid "
                                                       "unless --gpus, --microbatches or --models say otherwise")
     p.add_argument("--timeout", type=flags.seconds, default=120.0)
