@@ -62,3 +62,15 @@ def transformer_profile(rates: dict[str, float] | None = None, fixed_s: float = 
     costs = {k: LayerCosts(*[OpCost(host_s, fixed_s, rates.get(k, 1e12))] * 3) for k in TRANSFORMER_KEYS}
     profile = make_profile()
     return Profile(profile.gpus_per_node, profile.links, profile.host, {**profile.layers, **costs}, meta=profile.meta)
+
+
+def assert_same_gradients(results: list, last: int, loss: object, grads: dict) -> None:
+    """A pipelined step's ranks (hw.run.runtimes.gradient_step_worker's RankGradients) against one device's loss and
+    gradients: the last stage's rank `last` has the loss, the ranks together every gradient, each to rounding."""
+    import torch
+
+    assert torch.allclose(results[last].loss, loss, rtol=1e-12, atol=0)
+    got = {k: v for r in results for k, v in r.grads.items()}
+    assert got.keys() == grads.keys()
+    for key, g in grads.items():
+        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key

@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from conftest import assert_same_gradients
 
 torch = pytest.importorskip("torch")
 
@@ -52,13 +53,7 @@ def _reference(model, microbatches: int = 1):
 def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, microbatches, virtual):
     schedule = build(name, ranks, microbatches, virtual)
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64), timeout_s=30, deadline_s=120)
-    loss, grads = _reference(MODEL)
-    last = schedule.stage_to_rank[-1]
-    assert torch.allclose(results[last].loss, loss, rtol=1e-12, atol=0)
-    got = {k: v for r in results for k, v in r.grads.items()}
-    assert got.keys() == grads.keys()
-    for key, g in grads.items():
-        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *_reference(MODEL))
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,recompute", [
@@ -69,12 +64,7 @@ def test_recomputing_stages_get_the_single_devices_loss_and_gradients(name, rank
     schedule = build(name, ranks, microbatches)
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64, None, 1, "hw", recompute),
                     timeout_s=30, deadline_s=120)
-    loss, grads = _reference(MODEL)
-    assert torch.allclose(results[schedule.stage_to_rank[-1]].loss, loss, rtol=1e-12, atol=0)
-    got = {k: v for r in results for k, v in r.grads.items()}
-    assert got.keys() == grads.keys()
-    for key, g in grads.items():
-        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *_reference(MODEL))
 
 
 def test_what_hws_runner_cannot_recompute_is_refused_in_one_line():
@@ -98,12 +88,8 @@ def test_conv_pipeline_matches_single_device_on_the_same_microbatches(name, micr
     schedule = build(name, 2, microbatches)
     results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64), timeout_s=30, deadline_s=120)
     loss, grads = _reference(model, microbatches)
-    assert torch.allclose(results[1].loss, loss, rtol=1e-12, atol=0)
-    got = {k: v for r in results for k, v in r.grads.items()}
-    assert got.keys() == grads.keys()
+    assert_same_gradients(results, 1, loss, grads)
     assert set(results[0].grads) == {k for k in grads if int(k.split(".")[0]) < (balance or (2,))[0]}
-    for key, g in grads.items():
-        assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
 
 
 @pytest.mark.parametrize("name,ranks,replicas", [("1f1b", 1, 2), ("1f1b", 2, 2), ("zb-h1", 2, 2)])
