@@ -368,7 +368,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     print(f"{result.name}: {result.description}")
     for key, value in result.figures.items():
         shown = (f"{value:.3f}" if key.endswith("_ratio") else f"{value:.0f}" if key.endswith("_count")
-                 else fmt_time(value))
+                 else fmt_bytes(value) if key.endswith("_bytes") else fmt_time(value))
         mark = "   <- headline" if key == result.headline else ""
         print(f"  {key:<34} {shown:>12}{mark}")
     for line in result.assumptions:

@@ -121,3 +121,23 @@ def test_naive_model_parallelism_only_takes_turns_and_pipelining_nearly_halves_t
 def test_a_middle_split_wins_once_each_micro_batch_costs_the_host():
     r = predict_pipeline_scenario(PIPELINED_RESNET, _conv_profile(0.05))
     assert min(PIPELINED_RESNET_SPLITS) < r.figures["best_microbatches_count"] < max(PIPELINED_RESNET_SPLITS)
+
+
+def test_the_recompute_scenario_trades_a_forward_per_microbatch_for_memory():
+    """The seed's question: GPipe at 1-32 micro-batches, kept or recomputed: each recomputed step is longer, and from
+    2 micro-batches on it holds less at its peak (m = 1 holds one micro-batch's activations either way)."""
+    from parsim.errors import ParsimError
+    from parsim.profile import load_profile
+    from parsim.runtimes import get_runtime
+    from parsim.scenarios import PIPELINE_SCENARIOS, RECOMPUTE, predict_pipeline_scenario
+    from parsim.scenarios.pipelines import RECOMPUTE_SPLITS
+
+    figures = predict_pipeline_scenario(RECOMPUTE, load_profile()).figures
+    for m in RECOMPUTE_SPLITS:
+        assert figures[f"recomputed_m{m}_s"] > figures[f"kept_m{m}_s"]
+        peaks = figures[f"recomputed_m{m}_peak_bytes"], figures[f"kept_m{m}_peak_bytes"]
+        assert peaks[0] < peaks[1] if m > 1 else peaks[0] <= peaks[1]
+    assert figures["best_recomputed_over_best_kept_ratio"] > 1
+    assert PIPELINE_SCENARIOS["recompute"] is RECOMPUTE
+    with pytest.raises(ParsimError, match="hw runtime only"):
+        predict_pipeline_scenario(RECOMPUTE, load_profile(), get_runtime("torch"))

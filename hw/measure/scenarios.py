@@ -25,7 +25,7 @@ from parsim import flags
 from parsim.errors import ParsimError
 from parsim.files import Outputs, json_text, nonfinite_to_null
 from parsim.profile import CpuCosts, GilCosts, Profile
-from parsim.scenarios import COPY_PLACEMENTS, PIPELINE_SCENARIOS, PipelineScenario, copy_figures
+from parsim.scenarios import COPY_PLACEMENTS, PIPELINE_SCENARIOS, PipelineScenario, copy_figures, peak_figure
 from parsim.schedules import build
 
 if TYPE_CHECKING:  # imported where it runs: DataParallel's experiment needs torch.distributed's DDP
@@ -140,13 +140,18 @@ def measure_pipeline_scenario(scenario: PipelineScenario, cpu: bool, timeout_s: 
     """Every point of `scenario` timed with `hw measure`'s machinery, in one process group."""
     model = scenario.model(cpu)
     config = Config(steps=3 if cpu else 20, warmup=1 if cpu else 3, dtype="fp32" if cpu else "bf16")
-    jobs = [Job(build(p.schedule, p.gpus, p.microbatches), model, config, copy_streams=p.copy_streams)
-            for p in scenario.points]
+    jobs = [Job(build(p.schedule, p.gpus, p.microbatches), model, config, copy_streams=p.copy_streams,
+                recompute=p.recompute) for p in scenario.points]
     world = max(job.ranks for job in jobs)
     require_gpus(world, cpu=cpu)
     results = measure_jobs(jobs, world, "cpu" if cpu else "cuda", timeout_s)
-    times = {p.figure: statistics.median(on_rank(r, 0).times) for p, r in zip(scenario.points, results, strict=True)}
-    return scenario.figures(times)
+    figures = {}
+    for p, job, r in zip(scenario.points, jobs, results, strict=True):
+        figures[p.figure] = statistics.median(on_rank(r, 0).times)
+        peaks = [on_rank(r, rank).peak_memory_bytes for rank in range(job.ranks)]
+        if scenario.memory and None not in peaks:  # each job's own peak, on a GPU
+            figures[peak_figure(p.figure)] = float(max(b for b in peaks if b is not None))
+    return scenario.figures(figures)
 
 
 def measure_data_parallel(device: torch.device, window_s: float | None = None, rounds: int | None = None,

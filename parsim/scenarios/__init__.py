@@ -18,9 +18,11 @@ from parsim.scenarios.pipelines import (
     COPY_STREAMS,
     PIPELINE_SCENARIOS,
     PIPELINED_RESNET,
+    RECOMPUTE,
     RESNET_SPLITS,
     PipelinePoint,
     PipelineScenario,
+    peak_figure,
     predict_pipeline_scenario,
 )
 from parsim.scenarios.textbook import (
@@ -31,7 +33,8 @@ from parsim.scenarios.textbook import (
     multi_gpu_matmuls,
 )
 
-__all__ = ["COPY_PLACEMENTS", "COPY_STREAMS", "PIPELINED_RESNET", "PIPELINE_SCENARIOS", "RESNET_SPLITS", "SCENARIOS",
+__all__ = ["COPY_PLACEMENTS", "COPY_STREAMS", "PIPELINED_RESNET", "PIPELINE_SCENARIOS", "RECOMPUTE", "RESNET_SPLITS",
+           "SCENARIOS", "peak_figure",
            "PipelinePoint", "PipelineScenario", "ScenarioResult", "async_front_end", "compare_figures",
            "copy_compute_overlap", "copy_figures", "data_parallel", "hogwild", "multi_gpu_matmuls",
            "predict_pipeline_scenario", "with_op_costs"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parsim.configuration import Configuration, predict
+from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios.base import ScenarioResult
-from parsim.workload import Model, conv_model, mlp_model
+from parsim.workload import Model, conv_model, microbatch_tokens, mlp_model, rank_peak_bytes
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class PipelinePoint:
     gpus: int
     microbatches: int
     copy_streams: bool = False
+    recompute: str = "never"  # parsim.workload.recompute
+
+    def configuration(self, model: Model, runtime: str = "hw") -> Configuration:
+        return Configuration(model, self.schedule, self.gpus, self.microbatches, runtime=runtime,
+                             copy_streams=self.copy_streams, recompute=self.recompute)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class PipelineScenario:
     points: tuple[PipelinePoint, ...]
     headline: str
     ratios: Callable[[dict[str, float]], dict[str, float]]  # derived figures from the step times
+    memory: bool = False  # also each point's peak memory per GPU, as `<figure>_peak_bytes` (its `_s` dropped)
 
     def figures(self, step_times: dict[str, float]) -> dict[str, float]:
         return {**step_times, **self.ratios(step_times)}
@@ -68,7 +74,34 @@ PIPELINED_RESNET = PipelineScenario(
     "best_speedup_ratio",
     _resnet_ratios,
 )
-PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS, PIPELINED_RESNET)}
+RECOMPUTE_SPLITS = (1, 2, 4, 8, 16, 32)
+
+
+def _recompute_ratios(t: dict[str, float]) -> dict[str, float]:
+    """What recomputing costs at the best split of each, and the best split's micro-batches with it."""
+    kept = min(RECOMPUTE_SPLITS, key=lambda m: t[f"kept_m{m}_s"])
+    redone = min(RECOMPUTE_SPLITS, key=lambda m: t[f"recomputed_m{m}_s"])
+    return {"best_recomputed_over_best_kept_ratio": t[f"recomputed_m{redone}_s"] / t[f"kept_m{kept}_s"],
+            "best_kept_microbatches_count": kept, "best_recomputed_microbatches_count": redone}
+
+
+RECOMPUTE = PipelineScenario(
+    "recompute",
+    "GPipe on 2 GPUs at 1-32 micro-batches, every activation kept or every micro-batch's forward recomputed in its "
+    "backward (torchgpipe's checkpointing): step time and peak memory per GPU",
+    lambda tiny: mlp_model(4, 16, 128) if tiny else mlp_model(16, 2048, 8192),
+    tuple(PipelinePoint(f"{kept}_m{m}_s", "gpipe", 2, m, recompute=mode) for m in RECOMPUTE_SPLITS
+          for kept, mode in (("kept", "never"), ("recomputed", "always"))),
+    "best_recomputed_over_best_kept_ratio",
+    _recompute_ratios,
+    memory=True,
+)
+PIPELINE_SCENARIOS = {s.name: s for s in (COPY_STREAMS, PIPELINED_RESNET, RECOMPUTE)}
+
+
+def peak_figure(figure: str) -> str:
+    """The peak-memory figure beside a point's time figure: "kept_m8_s" -> "kept_m8_peak_bytes"."""
+    return figure.removesuffix("_s") + "_peak_bytes"
 
 
 def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runtime: Runtime = EAGER) -> ScenarioResult:
@@ -76,7 +109,15 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
     model = scenario.model(False)
     if runtime is not EAGER and any(p.copy_streams for p in scenario.points):
         raise ParsimError(f"the {scenario.name} scenario compares hw's copy streams; it runs with the hw runtime only")
-    times = {p.figure: predict(Configuration(model, p.schedule, p.gpus, p.microbatches, runtime=runtime.name,
-                                             copy_streams=p.copy_streams), profile)[0].step_time_s
-             for p in scenario.points}
-    return ScenarioResult(scenario.name, scenario.figures(times), scenario.headline, scenario.description)
+    if runtime is not EAGER and any(p.recompute != "never" for p in scenario.points):
+        raise ParsimError(f"the {scenario.name} scenario recomputes, which hw's runner alone runs; it runs with the hw "
+                          "runtime only")
+    figures: dict[str, float] = {}
+    for p in scenario.points:
+        prepared = prepare(p.configuration(model, runtime.name), profile)
+        figures[p.figure] = prepared.predict()[0].step_time_s
+        if scenario.memory:  # what hw measures: weights, the step's gradients, activations and working memory
+            samples = microbatch_tokens(prepared.model, p.microbatches)
+            figures[peak_figure(p.figure)] = max(rank_peak_bytes(prepared.model, prepared.schedule, samples, "none",
+                                                                 p.recompute))
+    return ScenarioResult(scenario.name, scenario.figures(figures), scenario.headline, scenario.description)
