@@ -104,14 +104,14 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
         kept = outputs[a.stage] if a.stage != last else 0
         pair = (a.stage, a.microbatch)
         recomputed = pair in redo
-        given = outputs[a.stage - 1] if recomputed and a.stage > 0 else 0  # what a recomputed forward keeps
+        kept_input = outputs[a.stage - 1] if recomputed and a.stage > 0 else 0  # all a recomputed forward keeps
         if a.op == Op.FORWARD:
             forward(layers, pair in split, keep=not recomputed)
-            held += kept + given
+            held += kept + kept_input
         elif a.op in RECOMPUTING_OPS:
             held -= kept
             if recomputed:  # the forward again, its stash rebuilt in place of the input it kept
-                held -= given
+                held -= kept_input
                 forward(layers, pair in split, keep=True)
             for i in reversed(range(len(layers))):
                 layer = layers[i]

@@ -1,10 +1,11 @@
 """Recomputation (activation checkpointing, torchgpipe's `checkpoint`): a micro-batch's stage forward keeps only its
 input, and its backward runs the forward again to rebuild what it frees.
 
-The modes are torchgpipe's: `always`, `except-last` (every micro-batch but the last, whose backward would follow
-its forward at once under GPipe) and `never` (the default: every activation kept). The recompute belongs to the
-action that first needs the activations: a whole backward B, or a split backward's input-grad I (its W then uses
-what I's recomputed graph kept). It costs one more stage forward there, on the GPU and on the host.
+The modes are torchgpipe's: `always`, `except-last` (every micro-batch but the last, whose backward torchgpipe runs
+first, right after its forward) and `never` (the default: every activation kept). The recompute belongs to the action
+that first needs the activations: a whole backward B, or a split backward's input-grad I (its W then uses what I's
+recomputed graph kept). It costs one more stage forward there on the GPU, and checkpointing's cost on the host
+(parsim.sim.lower.action_extras).
 """
 
 from __future__ import annotations
