@@ -9,7 +9,7 @@ from itertools import islice
 from parsim.profile import LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
 from parsim.schedules import Op as ActionOp
-from parsim.sim.dataflow import iter_wait_keys, transfers
+from parsim.sim.dataflow import iter_wait_keys, kept, transfers
 from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
 
@@ -187,7 +187,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     beside), and each op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk
     waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
-    more = runtime_waits(schedule.comm) if schedule.comm is not None else None
+    more = comm_waits(schedule)
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     # every action of a validated schedule has its op: no None is read here
     ops_of: dict[str, list[list[Task]]] = ops  # type: ignore[assignment]
@@ -258,6 +258,14 @@ def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
             for a in batch:
                 more.setdefault(a, []).extend(before)
     return more
+
+
+def comm_waits(schedule: Schedule) -> dict[Action, list[Action]] | None:
+    """runtime_waits of the schedule's comm plan (None without one), kept on the schedule: read by every settlement."""
+    if schedule.comm is None:
+        return None
+    comm = schedule.comm
+    return kept(schedule, "_comm_waits", lambda _: runtime_waits(comm))
 
 
 def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> None:
