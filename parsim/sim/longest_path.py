@@ -33,6 +33,7 @@ from parsim.sim.lower import (
 )
 from parsim.workload import StageCost, gradient_adds
 
+ALIKE_REPLICAS_ONCE = True  # walk alike replicas once (settle_step); benchmarks/plan_exact.py turns it off
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
@@ -83,7 +84,8 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     channels_of = [(src, dst) for src, dst in pairs] + [(dst, src) for src, dst in pairs]
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
-    walked = 1 if replicas_alike(profile, channels_of, pp, data_parallel) else data_parallel
+    alike = ALIKE_REPLICAS_ONCE and replicas_alike(profile, channels_of, pp, data_parallel)
+    walked = 1 if alike else data_parallel
     launches = compute_launches(costs, profile)
     extras = host_extras(schedule, profile)
     add_s = gradient_adds(profile, costs)

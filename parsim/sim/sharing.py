@@ -44,19 +44,20 @@ def early_receives(schedule: Schedule) -> frozenset[Action]:
     early: set[Action] = set()
     for acts in schedule.actions:
         pending: list[Action] = []
-        for a in acts:
-            if a.op in RECEIVES:
+        for a in acts:  # unpacked, not read by name: this sees every action
+            kind, stage, mb = a
+            if kind in RECEIVES:
                 pending.append(a)
-            elif a.op in COMPUTE_OPS:
-                early.update(r for r in pending if not (a.op in CONSUMERS[r.op] and a[1:] == r[1:]))
+            elif pending and kind in COMPUTE_OPS:
+                for r in pending:
+                    if r[1] != stage or r[2] != mb or kind not in CONSUMERS[r[0]]:
+                        early.add(r)
                 pending = []
     return frozenset(early)
 
 
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Observed = tuple[list[list[Span]], list[list[tuple[float, float]]]]  # per rank: compute spans, waiting windows
-
-
 EarlyWaits = list[list[tuple[Action, tuple[tuple[str, int, int], ...]]]]  # per rank: early receive, its waits
 
 
