@@ -11,6 +11,7 @@ charged to each of its GPUs' compute streams after the compute queued there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, Profile
@@ -27,12 +28,12 @@ def gradient_buckets(costs: list[StageCost], bucket_bytes: int = DDP_BUCKET_BYTE
     return {s: max(1, math.ceil(c.grad_bytes / bucket_bytes)) for s, c in enumerate(costs)}
 
 
-def allreduce_spec(profile: Profile, gpus: list[int]) -> CollectiveSpec:
+def allreduce_spec(profile: Profile, gpus: Sequence[int]) -> CollectiveSpec:
     """Within a node, the calibrated NCCL all-reduce; across nodes, a ring bound by the network link."""
     if "allreduce" not in profile.collectives:
         raise ProfileError("this profile has no collectives.allreduce cost, which data parallelism needs: "
                            "re-run `python -m hw calibrate` on several GPUs")
-    if len({g // profile.gpus_per_node for g in gpus}) == 1:
+    if min(gpus) // profile.gpus_per_node == max(gpus) // profile.gpus_per_node:  # one node (floor is monotone)
         return profile.collectives["allreduce"]
     network = profile.links["network"]
     return CollectiveSpec(network.latency_s, network.bandwidth_Bps, network.measured)

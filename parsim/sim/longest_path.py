@@ -161,15 +161,21 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
 def replicas_alike(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:
     """Whether every replica's channels run on links of the same cost as the first replica's: then (with nothing
     shared between replicas) they settle alike, to the bit."""
+    n = profile.gpus_per_node
+    if n % pp == 0 or pp % n == 0:  # replicas within a node, or of whole nodes: each laid out as the first
+        return True
     first = [link_for(profile, src, dst)[1] for src, dst in channels]
     return all([link_for(profile, src + off, dst + off)[1] for src, dst in channels] == first
                for off in range(pp, pp * data_parallel, pp))
 
 
 def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:
-    """Whether two channels (streams) cross one shared link: then they take it in time order, which needs the clock."""
+    """Whether two channels (streams) cross one shared link: then they take it in time order, which needs the clock.
+    Replicas within one node each cross only their own links; replicas of whole nodes, only their nodes': then the
+    first replica's channels tell."""
     users: dict[str, int] = defaultdict(int)
-    for off in range(0, pp * data_parallel, pp):
+    n = profile.gpus_per_node
+    for off in range(0, pp if n % pp == 0 or pp % n == 0 else pp * data_parallel, pp):
         for src, dst in channels:
             name, _, shared = link_for(profile, src + off, dst + off)
             if shared:
@@ -456,11 +462,11 @@ def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, ho
     specs: dict[int, CollectiveSpec] = {}  # per rank: its group's (a rank's stages share one group)
     for stage in reversed(range(schedule.num_stages)):
         rank = schedule.stage_to_rank[stage]
-        group = tuple(r * pp + rank for r in range(data_parallel) if r * pp + rank < len(hosts))
+        group = tuple(range(rank, len(hosts), pp))  # rank `rank` of each walked replica
         chunk_ends = [hosts[g].chunk_ends[stage] for g in group]
         n = len(chunk_ends[0])
         if rank not in specs:
-            specs[rank] = allreduce_spec(profile, [r * pp + rank for r in range(data_parallel)])
+            specs[rank] = allreduce_spec(profile, range(rank, pp * data_parallel, pp))
         spec = specs[rank]
         seconds = spec.allreduce_s(costs[stage].grad_bytes / n, data_parallel)
         for k in range(n):
