@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from conftest import make_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from parsim.runtimes import RUNTIMES
 from parsim.schedules import VIRTUAL
 from parsim.sim import longest_path
 from parsim.sim.grad_allreduce import gradient_buckets
-from parsim.sim.longest_path import settle_step
+from parsim.sim.longest_path import replicas_alike, settle_step
 from parsim.sim.predict import StepAbove, simulate
 from parsim.workload import StageCost, Work
 
@@ -106,3 +107,30 @@ def test_the_first_round_is_a_floor_and_giving_up_on_it_says_so(step):
             assert above.floor_s == floors[0]
         else:
             raise AssertionError("give_up said yes: StepAbove")
+
+
+@pytest.mark.parametrize("runtime,name", [(r, n) for r in ("hw", "torch") for n in ("interleaved-1f1b", "zbv",
+                                                                                   "looped-bfs")])
+@pytest.mark.parametrize("dp", [2, 3])
+@pytest.mark.parametrize("rate", [None, 0.6])
+def test_alike_replicas_on_shared_links_are_run_once_on_the_machine(runtime, name, dp, rate):
+    """Two GPUs a node, four ranks: a replica's wrap-around and neighbour channels share a node pair's network link
+    (the machine settles them), each replica on nodes of its own; the first run stands for all of them."""
+    network = LinkSpec(1e-5, 1e8)
+    base = make_profile(latency_s=1e-6, bandwidth_Bps=1e10, action_s=2e-5, p2p_s=4e-6, gpus_per_node=2,
+                        network=network)
+    base = dataclasses.replace(base, resident_comm=ResidentComm(rate) if rate else None,
+                               collectives={"allreduce": CollectiveSpec(2e-5, 5e10, compute_share=0.5)},
+                               runtimes={"torch": RuntimeCosts(3e-5, 6e-6, step_s=1e-4)})
+    schedule = RUNTIMES[runtime].build(name, 4, 8, 2 if name in VIRTUAL else None)
+    profile = RUNTIMES[runtime].costs(base)
+    costs = [StageCost(Work(1e-3 * (1 + s % 3), 1e-5, 2), Work(1e-3, 1e-6, 2), Work(5e-4, 1e-6, 1),
+                       send_bytes=1 << 20, stash_bytes=1000, grad_bytes=60 << 20, layers=1)
+             for s in range(schedule.num_stages)]
+    assert replicas_alike(profile, schedule, dp)
+    assert settle_step(schedule, costs, profile, False, dp, gradient_buckets(costs)) is None
+    fast = simulate(schedule, costs, profile, data_parallel=dp)
+    slow = simulate(schedule, costs, profile, data_parallel=dp, engine="events")
+    assert (fast.step_time_s, fast.busy_s) == (slow.step_time_s, slow.busy_s)
+    assert max(h.finished_at for h in fast.machine.hosts) == fast.step_time_s  # its timeline runs every replica
+    assert len(fast.machine.hosts) == 4 * dp

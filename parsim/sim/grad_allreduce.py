@@ -40,9 +40,10 @@ def allreduce_spec(profile: Profile, gpus: Sequence[int]) -> CollectiveSpec:
 
 
 def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
-                           replicas: list[Lowered], buckets: dict[int, int]) -> None:
-    """Append each stage's bucketed all-reduce to every replica's host program."""
-    dp, pp = len(replicas), schedule.num_ranks
+                           replicas: list[Lowered], buckets: dict[int, int], data_parallel: int | None = None) -> None:
+    """Append each stage's bucketed all-reduce to every replica's host program: the `data_parallel` replicas' (all
+    of `replicas` by default), of which those lowered are `replicas` (the first, where it stands for alike ones)."""
+    dp, pp = data_parallel or len(replicas), schedule.num_ranks
     hosts = {h.name: h for h in machine.hosts}
     for stage in reversed(range(schedule.num_stages)):  # backward reaches the last stages first
         group = [r * pp + schedule.stage_to_rank[stage] for r in range(dp)]
@@ -51,7 +52,8 @@ def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[Sta
         seconds = spec.allreduce_s(costs[stage].grad_bytes / n, dp)
         track = "allreduce gpus " + ",".join(map(str, group))
         for k in range(n):
-            op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm", issuers=dp)
+            op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm",
+                            issuers=len(replicas))
             for replica, gpu in zip(replicas, group):
                 op.deps.append(replica.grad_chunks[stage][k])
                 hosts[f"host{gpu}"].steps.append(Launch(op, profile.host.p2p_s, profile.host.p2p_s))

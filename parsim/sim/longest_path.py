@@ -79,13 +79,10 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     Replicas whose messages all cost the same are the same walk, to the bit (the same numbers in the same
     order): the first is walked and stands for the others, so the step's cost does not grow with them."""
     pp = schedule.num_ranks
-    pairs = sorted({(r, schedule.stage_to_rank[s + 1]) for s, r in enumerate(schedule.stage_to_rank[:-1])
-                    if schedule.stage_to_rank[s + 1] != r})
-    channels_of = [(src, dst) for src, dst in pairs] + [(dst, src) for src, dst in pairs]
+    channels_of = channel_pairs(schedule)
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
-    alike = ALIKE_REPLICAS_ONCE and replicas_alike(profile, channels_of, pp, data_parallel)
-    walked = 1 if alike else data_parallel
+    walked = 1 if replicas_alike(profile, schedule, data_parallel) else data_parallel
     launches = compute_launches(costs, profile)
     extras = host_extras(schedule, profile)
     add_s = gradient_adds(profile, costs)
@@ -158,15 +155,42 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                    tuple(h.posted for h in hosts[:pp] if h.posted is not None))
 
 
-def replicas_alike(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:
-    """Whether every replica's channels run on links of the same cost as the first replica's: then (with nothing
-    shared between replicas) they settle alike, to the bit."""
-    n = profile.gpus_per_node
+def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
+    """The directed channels (src rank, dst rank) between neighbouring stages on different ranks, each once."""
+    owner = schedule.stage_to_rank
+    pairs = sorted({(r, owner[s + 1]) for s, r in enumerate(owner[:-1]) if owner[s + 1] != r})
+    return pairs + [(dst, src) for src, dst in pairs]
+
+
+def replicas_alike(profile: Profile, schedule: Schedule, data_parallel: int) -> bool:
+    """Whether every replica's channels cross links of the same cost as the first replica's, shared among its own
+    channels as the first's are and with no other replica's: then the replicas settle alike, to the bit (the same
+    numbers in the same order, on the walk or the machine), and the first can stand for them all. False where
+    ALIKE_REPLICAS_ONCE is off."""
+    if not ALIKE_REPLICAS_ONCE or data_parallel < 2:
+        return False
+    pp, n = schedule.num_ranks, profile.gpus_per_node
     if n % pp == 0 or pp % n == 0:  # replicas within a node, or of whole nodes: each laid out as the first
         return True
-    first = [link_for(profile, src, dst)[1] for src, dst in channels]
-    return all([link_for(profile, src + off, dst + off)[1] for src, dst in channels] == first
-               for off in range(pp, pp * data_parallel, pp))
+    mine = channel_pairs(schedule)
+    first, taken = _layout(profile, mine, 0)
+    for off in range(pp, pp * data_parallel, pp):
+        layout, shared = _layout(profile, mine, off)
+        if layout != first or shared & taken:
+            return False
+        taken |= shared
+    return True
+
+
+def _layout(profile: Profile, channels: list[tuple[int, int]], off: int) -> tuple[list[Any], set[str]]:
+    """The channels of the replica on GPUs off..: each one's link spec and the first of them it shares its link
+    with (-1: unshared); and the shared links' names."""
+    first_user: dict[str, int] = {}
+    out = []
+    for k, (src, dst) in enumerate(channels):
+        name, spec, shared = link_for(profile, src + off, dst + off)
+        out.append((spec, first_user.setdefault(name, k) if shared else -1))
+    return out, set(first_user)
 
 
 def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:

@@ -14,7 +14,7 @@ from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
-from parsim.sim.longest_path import Settled, settle_step
+from parsim.sim.longest_path import Settled, replicas_alike, settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
 from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import (
@@ -126,8 +126,10 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         buckets = gradient_buckets(costs) if data_parallel > 1 else None
         gpus = schedule.num_ranks * data_parallel
 
-        def lowered(slower: Slower | None = None) -> tuple[Machine, OpTable]:
-            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower)
+        copies = data_parallel if engine != "events" and replicas_alike(profile, schedule, data_parallel) else 1
+
+        def lowered(slower: Slower | None = None, walked: int | None = None) -> tuple[Machine, OpTable]:
+            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, walked)
 
         def run_machine() -> Machine:
             return lowered()[0]
@@ -144,9 +146,9 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
             if engine == "longest-path":
                 raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
             waits = early_waits(schedule, early, copy_streams)
-            machine, slower = settle_sharing(lambda slow: _observed_machine(lowered(slow), schedule, early, waits),
-                                             rate)
-            return _simulation(machine, gpus, lambda: lowered(slower)[0])
+            machine, slower = settle_sharing(
+                lambda slow: _observed_machine(lowered(slow, data_parallel // copies), schedule, early, waits), rate)
+            return _simulation(machine, gpus, lambda: lowered(slower)[0], copies)
         settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets) \
             if engine != "events" else None
         if settled is not None:
@@ -154,7 +156,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
         if engine == "longest-path":
             raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
-        return _simulation(run_machine(), gpus, run_machine)
+        return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
 
 
 def _observed_machine(run: tuple[Machine, OpTable], schedule: Schedule, early: frozenset[Action],
@@ -195,31 +197,34 @@ class _WalkStopped(Exception):
     """A round of the sharing loop that the walk could not settle."""
 
 
-def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine]) -> Simulation:
-    """The Simulation of a machine already run."""
-    busy = {compute_track(g): 0.0 for g in range(gpus)}
+def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine], copies: int = 1) -> Simulation:
+    """The Simulation of a machine already run: of all `gpus`, or of the first 1 / `copies` of them where those
+    stand for the rest (their timeline then runs every replica, when asked for)."""
+    busy = {compute_track(g): 0.0 for g in range(gpus // copies)}
     for stream in machine.streams.values():
         if stream.name in busy:
             for op in stream.ops:
                 busy[stream.name] += op.end_s - op.start_s
     ends = [h.finished_at for h in machine.hosts if h.finished_at is not None]  # all of them: it ran to the end
-    sim = Simulation(max(ends, default=0.0), tuple(busy.values()), run_machine)
-    sim.__dict__["machine"] = machine  # already run: cached_property's slot
+    sim = Simulation(max(ends, default=0.0), tuple(busy.values()) * copies, run_machine)
+    if copies == 1:
+        sim.__dict__["machine"] = machine  # already run: cached_property's slot
     return sim
 
 
 def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
                      data_parallel: int, buckets: dict[int, int] | None, slower: Slower | None = None,
-                     ) -> tuple[Machine, OpTable]:
+                     walked: int | None = None) -> tuple[Machine, OpTable]:
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
-    first replica's op table."""
+    first replica's op table. `walked`: the replicas lowered (default all; 1 where the first stands for alike
+    ones, parsim.sim.longest_path.replicas_alike)."""
     with gc_paused():
         machine = Machine()
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower)
-                    for r in range(data_parallel)]
+                    for r in range(walked or data_parallel)]
         if data_parallel > 1:
             assert buckets is not None, "several replicas all-reduce their gradients by bucket"
-            add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
+            add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets, data_parallel)
         finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
     return machine, replicas[0].ops
