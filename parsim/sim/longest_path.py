@@ -33,7 +33,7 @@ from parsim.sim.lower import (
 )
 from parsim.workload import StageCost, gradient_adds
 
-ALIKE_REPLICAS_ONCE = True  # walk alike replicas once (settle_step); benchmarks/plan_exact.py turns it off
+ALIKE_REPLICAS_ONCE = True  # simulate alike replicas once (replicas_alike); benchmarks/plan_exact.py turns it off
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
