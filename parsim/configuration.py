@@ -3,6 +3,7 @@ simulates a step (model, schedule, GPUs, micro-batches, runtime, data parallelis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -71,11 +72,11 @@ class Prepared:
         stage_layers(model, schedule.num_stages)
         return model
 
-    def predict(self) -> tuple[Prediction, Simulation]:
-        """The predicted step, with the simulation behind its numbers."""
+    def predict(self, give_up: Callable[[float], bool] | None = None) -> tuple[Prediction, Simulation]:
+        """The predicted step, with the simulation behind its numbers (see simulate for `give_up`)."""
         c = self.config
         return predict_schedule(self.schedule, self.model, self.profile, self.run_profile, c.copy_streams,
-                                c.data_parallel, self.runtime.name, c.recompute)
+                                c.data_parallel, self.runtime.name, give_up, c.recompute)
 
 
 def check(config: Configuration) -> None:

@@ -38,7 +38,7 @@ from parsim.runtimes.eager import EAGER
 from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.grad_allreduce import gradient_buckets
-from parsim.sim.predict import Prediction
+from parsim.sim.predict import Prediction, StepAbove
 from parsim.workload import Model, StageCost, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
@@ -230,10 +230,18 @@ def _start_worker(parent: int, model: Model, profile: Profile, memory_limit_byte
     _CONTEXT = model, profile, memory_limit_bytes, optimizer
 
 
+@dataclass(frozen=True)
+class Beyond:
+    """What evaluate returns for a configuration its simulation proved slower than the bound it was given."""
+
+    floor_s: float
+
+
 def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: float | None = None,
-             optimizer: str = "adam") -> Candidate | None:
+             optimizer: str = "adam", bound_s: float | None = None) -> Candidate | Beyond | None:
     """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
-    schedule refuses these sizes."""
+    schedule refuses these sizes, or Beyond where the simulation found a floor that ranks it after a step of
+    `bound_s` (the top K's slowest when it was sent: such a configuration cannot enter them)."""
     try:
         prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
@@ -241,20 +249,29 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
     memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer)
     prediction = None
     if memory_limit_bytes is None or memory <= memory_limit_bytes:
-        prediction, _ = prepared.predict()
+        try:
+            prediction, _ = prepared.predict(None if bound_s is None else lambda floor_s: ranks_after(floor_s, bound_s))
+        except StepAbove as above:
+            return Beyond(above.floor_s)
     return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
                      memory, prepared.model.balance, shape.runtime)
 
 
-def _evaluate_in_worker(shape: Shape) -> Candidate | None:
+def _evaluate_in_worker(shape: Shape, bound_s: float | None) -> Candidate | Beyond | None:
     assert _CONTEXT is not None
-    return evaluate(shape, *_CONTEXT)
+    return evaluate(shape, *_CONTEXT, bound_s=bound_s)
 
 
 def rank_key(step_s: float, memory_bytes: int, index: int) -> tuple[float, int, int]:
     """How plan orders what fits: fastest first; of equally fast ones (to the nanosecond: a host-bound GPipe and
     1F1B issue the same host program), the one needing less memory; then as configurations are enumerated."""
     return round(step_s, 9), memory_bytes, index
+
+
+def ranks_after(floor_s: float, step_s: float) -> bool:
+    """Whether any configuration whose step is at least `floor_s` ranks after one of `step_s` (rank_key), however
+    little memory it needs."""
+    return round(floor_s, 9) > round(step_s, 9)
 
 
 def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
@@ -292,6 +309,9 @@ def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, 
     def can_win(shape: Shape) -> bool:
         return top is None or len(best) < top or shape.floor_s <= -best[0]
 
+    def bound() -> float | None:  # the top's slowest step so far, once there are `top` of them
+        return -best[0] if top is not None and len(best) == top else None
+
     def record(shape: Shape, found: Candidate | None) -> None:
         if found is None:
             counts["cannot_run"] += 1
@@ -305,8 +325,8 @@ def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, 
 
     ordered = sorted(todo, key=lambda s: (s.floor_s, s.index))
     floors = [s.floor_s for s in ordered]
-    for shape, found in _run(ordered, can_win, context, jobs):
-        if found is _PRUNED:
+    for shape, found in _run(ordered, can_win, bound, context, jobs):
+        if found is _PRUNED or isinstance(found, Beyond):
             counts["pruned"] += 1
             continue
         record(shape, cast("Candidate | None", found))
@@ -319,22 +339,22 @@ def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, 
 _PRUNED = object()  # _run's mark for a configuration it did not simulate
 
 
-def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], context: tuple[Model, Profile, float | None, str],
-         jobs: int) -> Iterator[tuple[Shape, object]]:
-    """(shape, candidate or None or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
-    turn comes (checked again before a queued one starts), on `jobs` worker processes (1: in this one);
-    `context`: evaluate's arguments after the shape."""
+def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], bound: Callable[[], float | None],
+         context: tuple[Model, Profile, float | None, str], jobs: int) -> Iterator[tuple[Shape, object]]:
+    """(shape, evaluate's answer or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
+    turn comes (checked again before a queued one starts), with `bound()` then, on `jobs` worker processes (1: in
+    this one); `context`: evaluate's arguments after the shape."""
     if jobs <= 1:
         for k, shape in enumerate(ordered):
             if not can_win(shape):  # floors only rise from here: nothing after it can win either
                 for rest in ordered[k:]:
                     yield rest, _PRUNED
                 return
-            yield shape, evaluate(shape, *context)
+            yield shape, evaluate(shape, *context, bound_s=bound())
         return
     pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(os.getpid(), *context))
     try:
-        pending: dict[Future[Candidate | None], Shape] = {}
+        pending: dict[Future[Candidate | Beyond | None], Shape] = {}
         queue = iter(ordered)
         stopped = False
         while pending or not stopped:
@@ -345,7 +365,7 @@ def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], context: tuple[
                     for rest in ([upcoming] if upcoming is not None else []) + list(queue):
                         yield rest, _PRUNED
                     break
-                pending[pool.submit(_evaluate_in_worker, upcoming)] = upcoming
+                pending[pool.submit(_evaluate_in_worker, upcoming, bound())] = upcoming
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -23,7 +23,7 @@ from parsim.plan import (
     search,
     shapes,
 )
-from parsim.profile import CollectiveSpec, LinkSpec, RuntimeCosts
+from parsim.profile import CollectiveSpec, LinkSpec, ResidentComm, RuntimeCosts
 from parsim.runtimes import RUNTIMES
 from parsim.runtimes.torch_pipelining import TORCH
 from parsim.schedules import VIRTUAL, build
@@ -119,6 +119,8 @@ def spaces(draw):
     if draw(st.booleans()):  # a stage's first backward of a step adds no gradients in
         profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, grad_add_s=1e-6))
     profile = dataclasses.replace(profile, runtimes=runtimes)
+    if draw(st.booleans()):  # receives waiting beside compute slow it (torch's looped classes): settled in rounds
+        profile = dataclasses.replace(profile, resident_comm=ResidentComm(draw(st.sampled_from([0.3, 0.8]))))
     return model, draw(st.sampled_from([1, 2, 3, 4, 4, 6, 8, 8])), profile, draw(st.integers(1, 5))
 
 

@@ -7,16 +7,23 @@ import dataclasses
 
 import pytest
 from conftest import make_profile
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsim.profile import ResidentComm, load_profile
+from parsim.errors import ScheduleError
+from parsim.profile import CollectiveSpec, ResidentComm, load_profile
 from parsim.runtimes import EAGER, TORCH
 from parsim.schedules import VIRTUAL, act
-from parsim.sim.lower import compute_track
-from parsim.sim.machine import Machine
 from parsim.sim.predict import lowered_machine, predict, simulate
-from parsim.sim.sharing import early_receives, lengthening, rate_beside, settle_sharing, stretch, waiting
+from parsim.sim.sharing import (
+    early_receives,
+    early_waits,
+    lengthening,
+    machine_observed,
+    rate_beside,
+    settle_sharing,
+    stretch,
+)
 from parsim.workload import mlp_model, stage_costs
 
 SLOW = ResidentComm(0.6, "tests")
@@ -52,13 +59,9 @@ def test_torchs_single_stage_loops_wait_for_their_receives_and_its_looped_classe
 
 
 def test_a_compute_loses_the_share_of_its_overlap_with_waiting_receives_that_the_rate_says():
-    machine = Machine()
-    for label, start, end in ((act("F", 0, 0), 0.0, 4.0), (act("F", 0, 1), 4.0, 10.0)):
-        op = machine.op(compute_track(0), label, end - start)
-        op.start_s, op.end_s = start, end
+    computes = [[(act("F", 0, 0), 0.0, 4.0), (act("F", 0, 1), 4.0, 10.0)]]
     windows = [[(3.0, 5.0), (6.0, 7.0)]]  # 1 s beside the first compute, 2 s beside the second
-    assert lengthening(TORCH.build("gpipe", 1, 2), machine, windows, 0.75) == {
-        act("F", 0, 0): pytest.approx(0.25), act("F", 0, 1): pytest.approx(0.5)}
+    assert lengthening(computes, windows, 0.75) == {act("F", 0, 0): pytest.approx(0.25), act("F", 0, 1): pytest.approx(0.5)}
 
 
 def _sim(name: str, p: int, m: int, resident: ResidentComm | None, runtime=TORCH):
@@ -75,18 +78,38 @@ def test_the_settled_step_is_one_its_own_slowdowns_imply_and_no_faster_than_with
     costs = stage_costs(mlp_model(16, 2048, 8192), schedule.num_stages, m, profile)
 
     def run(slower):
-        return lowered_machine(schedule, costs, profile, False, 1, None, slower)
+        machine, table = lowered_machine(schedule, costs, profile, False, 1, None, slower)
+        early = early_receives(schedule)
+        return machine, machine_observed(schedule, machine, table, early, early_waits(schedule, early))
 
-    machine, slower = settle_sharing(run, schedule, early_receives(schedule), SLOW.rate)
-    again, table = run(slower)
-    implied = lengthening(schedule, again, waiting(schedule, again, table, early_receives(schedule)), SLOW.rate)
+    machine, slower = settle_sharing(run, SLOW.rate)
+    implied = lengthening(*run(slower)[1], SLOW.rate)
     assert slower and all(abs(implied.get(a, 0.0) - slower.get(a, 0.0)) <= 1e-8 for a in implied.keys() | slower.keys())
     sim = simulate(schedule, costs, profile)
     apart = simulate(schedule, costs, dataclasses.replace(profile, resident_comm=None))
     assert sim.step_time_s == max(h.finished_at for h in machine.hosts) >= apart.step_time_s
     assert max(h.finished_at for h in sim.run_machine().hosts) == sim.step_time_s  # a timeline replays the same run
-    with pytest.raises(ValueError, match="receives waiting beside compute"):
-        simulate(schedule, costs, profile, engine="longest-path")
+    assert simulate(schedule, costs, profile, engine="events").step_time_s == sim.step_time_s  # the walk's rounds
+
+
+@pytest.mark.parametrize("name", [n for n in TORCH.schedules() if n not in ("gpipe", "1f1b")])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(2, 4), m=st.sampled_from([4, 8]), dp=st.sampled_from([1, 2, 3]), share=st.sampled_from([0.0, 0.6]),
+       rate=st.sampled_from([0.3, 0.6, 0.9]))
+def test_the_sharing_rounds_on_the_walk_settle_the_step_as_the_machines_do(name, p, m, dp, share, rate):
+    """The same slowdowns, rounds and step, to the bit, with data-parallel replicas (one walked for all of them)
+    and an all-reduce that takes a share of the compute beside it."""
+    try:
+        schedule = TORCH.build(name, p, m, 2 if name in VIRTUAL else None)
+    except ScheduleError:
+        return
+    base = dataclasses.replace(load_profile(), gpus_per_node=64,  # no link shared
+                               collectives={"allreduce": CollectiveSpec(2e-5, 5e10, compute_share=share)})
+    profile = dataclasses.replace(TORCH.costs(base), resident_comm=ResidentComm(rate, "tests"))
+    costs = stage_costs(mlp_model(8, 1024, 4096 * dp), schedule.num_stages, m, profile, dp)
+    walked = simulate(schedule, costs, profile, data_parallel=dp, engine="longest-path")
+    events = simulate(schedule, costs, profile, data_parallel=dp, engine="events")
+    assert walked.step_time_s == events.step_time_s and walked.busy_s == events.busy_s
 
 
 def test_waiting_receives_make_torchs_interleaved_1f1b_slower_on_two_gpus_and_nothing_of_hws():

@@ -81,8 +81,7 @@ def _allreduce_floor_s(stages_of: list[list[int]], reach: list[float], costs: li
         return 0.0
     pp, busiest = len(stages_of), 0.0
     for rank, mine in enumerate(stages_of):
-        group = [r * pp + rank for r in range(data_parallel)]
-        spec = allreduce_spec(profile, group)
+        spec = allreduce_spec(profile, range(rank, pp * data_parallel, pp))  # its group: rank r of every replica
         total = sum(buckets.get(s, 1) * spec.allreduce_s(costs[s].grad_bytes / buckets.get(s, 1), data_parallel)
                     for s in mine)
         start = min(reach[s] + m * costs[s].forward.gpu_s + (m - 1) * costs[s].backward.gpu_s for s in mine)

@@ -7,8 +7,8 @@ validates is exactly one that the simulator (and `hw`) can run.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import NamedTuple, TypeVar, cast
 
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule, act
 
@@ -95,11 +95,20 @@ def transfers(schedule: Schedule) -> dict[tuple[int, int], list[Transfer]]:
 
     Kept on the (immutable) schedule: the validator and the simulator both ask for them.
     """
-    known = schedule.__dict__.get("_transfers")
+    return kept(schedule, "_transfers", _transfers)
+
+
+T = TypeVar("T")
+
+
+def kept(schedule: Schedule, name: str, make: Callable[[Schedule], T]) -> T:
+    """make(schedule), worked out once and kept on the (immutable) schedule under `name`: what every settlement of
+    a step reads the same (the sharing loop settles one step tens of times). Callers must not change it."""
+    known = schedule.__dict__.get(name)
     if known is None:
-        known = _transfers(schedule)
-        object.__setattr__(schedule, "_transfers", known)
-    return known
+        known = make(schedule)
+        object.__setattr__(schedule, name, known)
+    return cast(T, known)
 
 
 def _transfers(schedule: Schedule) -> dict[tuple[int, int], list[Transfer]]:

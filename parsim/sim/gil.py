@@ -15,7 +15,6 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
 import simpy
 
 from parsim.profile import GilCosts
@@ -36,6 +35,8 @@ def wake_cost(points: Sequence[tuple[float, float]]) -> WakeCost:
     """The cost of a wake-up, linear between the measured (slept_s, cost_s) points and flat beyond them."""
     if not points:
         return lambda slept_s: 0.0
+    import numpy as np  # where used: importing it costs every command a tenth of a second
+
     slept, cost = np.array(points, dtype=float).T
     return lambda slept_s: float(np.interp(slept_s, slept, cost))
 
@@ -49,6 +50,8 @@ def contention(curve: Sequence[tuple[int, float]]) -> Callable[[int], float]:
     """
     if not curve:
         return lambda k: 1.0
+    import numpy as np  # where used (see wake_cost)
+
     counts, per_launch = np.array(curve, dtype=float).T
     factors = per_launch / float(np.interp(1.0, counts, per_launch))
     return lambda k: 1.0 if k <= 1 else float(np.interp(k, counts, factors))
@@ -68,6 +71,8 @@ def wake_points(one_s: Sequence[float], two_s: Sequence[float]) -> tuple[tuple[f
 def wake_curve(readings: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
     """(slept_s, cost_s) readings as a curve: in order of sleep, the costs fitted never to fall as the core sleeps
     longer (a deeper idle state is never quicker to leave) and never below zero."""
+    import numpy as np  # where used (see wake_cost)
+
     slept, cost = np.array(sorted(readings), dtype=float).reshape(-1, 2).T
     fitted = np.maximum(non_decreasing(cost), 0.0)
     return tuple((float(s), float(c)) for s, c in zip(slept, fitted))

@@ -11,6 +11,7 @@ charged to each of its GPUs' compute streams after the compute queued there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, Profile
@@ -27,21 +28,22 @@ def gradient_buckets(costs: list[StageCost], bucket_bytes: int = DDP_BUCKET_BYTE
     return {s: max(1, math.ceil(c.grad_bytes / bucket_bytes)) for s, c in enumerate(costs)}
 
 
-def allreduce_spec(profile: Profile, gpus: list[int]) -> CollectiveSpec:
+def allreduce_spec(profile: Profile, gpus: Sequence[int]) -> CollectiveSpec:
     """Within a node, the calibrated NCCL all-reduce; across nodes, a ring bound by the network link."""
     if "allreduce" not in profile.collectives:
         raise ProfileError("this profile has no collectives.allreduce cost, which data parallelism needs: "
                            "re-run `python -m hw calibrate` on several GPUs")
-    if len({g // profile.gpus_per_node for g in gpus}) == 1:
+    if min(gpus) // profile.gpus_per_node == max(gpus) // profile.gpus_per_node:  # one node (floor is monotone)
         return profile.collectives["allreduce"]
     network = profile.links["network"]
     return CollectiveSpec(network.latency_s, network.bandwidth_Bps, network.measured)
 
 
 def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[StageCost], profile: Profile,
-                           replicas: list[Lowered], buckets: dict[int, int]) -> None:
-    """Append each stage's bucketed all-reduce to every replica's host program."""
-    dp, pp = len(replicas), schedule.num_ranks
+                           replicas: list[Lowered], buckets: dict[int, int], data_parallel: int | None = None) -> None:
+    """Append each stage's bucketed all-reduce to every replica's host program: the `data_parallel` replicas' (all
+    of `replicas` by default), of which those lowered are `replicas` (the first, where it stands for alike ones)."""
+    dp, pp = data_parallel or len(replicas), schedule.num_ranks
     hosts = {h.name: h for h in machine.hosts}
     for stage in reversed(range(schedule.num_stages)):  # backward reaches the last stages first
         group = [r * pp + schedule.stage_to_rank[stage] for r in range(dp)]
@@ -50,7 +52,8 @@ def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[Sta
         seconds = spec.allreduce_s(costs[stage].grad_bytes / n, dp)
         track = "allreduce gpus " + ",".join(map(str, group))
         for k in range(n):
-            op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm", issuers=dp)
+            op = machine.op(track, f"allreduce s{stage} bucket {k + 1}/{n}", seconds, category="comm",
+                            issuers=len(replicas))
             for replica, gpu in zip(replicas, group):
                 op.deps.append(replica.grad_chunks[stage][k])
                 hosts[f"host{gpu}"].steps.append(Launch(op, profile.host.p2p_s, profile.host.p2p_s))

@@ -12,27 +12,30 @@ links (contention) and anything this walk cannot order are left to the machine.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from operator import length_hint
 from typing import Any
 
-from parsim.profile import Profile
+from parsim.profile import CollectiveSpec, Profile
 from parsim.progress import watch as watch_progress
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
-from parsim.sim.dataflow import GRAD, stage_waits
+from parsim.sim.dataflow import GRAD, kept, stage_waits
 from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import (
     GRADIENT_OPS,
     action_extras,
+    comm_waits,
     compute_launches,
     last_gradient_actions,
+    lengthened,
     link_for,
     message_bytes,
-    runtime_waits,
 )
 from parsim.workload import StageCost, gradient_adds
 
+ALIKE_REPLICAS_ONCE = True  # simulate alike replicas once (replicas_alike); benchmarks/plan_exact.py turns it off
+Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 
 
@@ -44,6 +47,10 @@ class Settled:
     busy_s: tuple[float, ...]  # per GPU: time its compute stream runs kernels
     finished_s: tuple[float, ...]  # per host: when its final sync returned
     ends: list[dict[str, list[Row]]]  # per replica: op -> stage -> micro-batch -> end (a message's, at both ends)
+    # observed (settle_step's observe): per rank of the first replica, its compute stream's ops as (action or
+    # label, start, end), and when its host let the device start each receive; else empty
+    computes: tuple[list[Span], ...] = ()
+    posted: tuple[dict[Action, float], ...] = ()
 
 
 class _OutOfOrder(Exception):
@@ -63,30 +70,36 @@ class _Channel:
 
 
 def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool = False,
-                data_parallel: int = 1, buckets: dict[int, int] | None = None, recompute: str = "never",
+                data_parallel: int = 1, buckets: dict[int, int] | None = None,
+                slower: Mapping[Action, float] | None = None, observe: bool = False, recompute: str = "never",
                 ) -> Settled | None:
-    """Settle one step as parsim.sim.predict.simulate builds it on the machine; None where it needs the machine
-    (a link that several channels share, or an order this walk cannot follow) or a channel's messages are
-    received out of order. `schedule` must be validated otherwise (check.validate with check_order=False)."""
+    """Settle one step as parsim.sim.predict.simulate builds it on the machine (its computes lengthened by
+    `slower`, as parsim.sim.sharing asks, and by `recompute`'s forwards run again); None where it needs the machine
+    (a link that several channels share, or an order this walk cannot follow) or a channel's messages are received
+    out of order. `schedule` must be validated otherwise (check.validate with check_order=False). `observe`: keep
+    what parsim.sim.sharing reads.
+
+    Replicas whose messages all cost the same are the same walk, to the bit (the same numbers in the same
+    order): the first is walked and stands for the others, so the step's cost does not grow with them."""
     pp = schedule.num_ranks
-    pairs = sorted({(r, schedule.stage_to_rank[s + 1]) for s, r in enumerate(schedule.stage_to_rank[:-1])
-                    if schedule.stage_to_rank[s + 1] != r})
-    channels_of = [(src, dst) for src, dst in pairs] + [(dst, src) for src, dst in pairs]
+    channels_of = channel_pairs(schedule)
     if _shares_a_link(profile, channels_of, pp, data_parallel):
         return None
+    walked = 1 if replicas_alike(profile, schedule, data_parallel) else data_parallel
     launches = compute_launches(costs, profile)
     extras = action_extras(schedule, costs, profile, recompute)
+    slower = lengthened(slower, extras.gpu)
     add_s = gradient_adds(profile, costs)
-    rules = stage_waits(schedule)
-    more = runtime_waits(schedule.comm) if schedule.comm is not None else None
-    last_grad = last_gradient_actions(schedule) if buckets else {}
+    rules = kept(schedule, "_stage_waits", stage_waits)
+    more = comm_waits(schedule)
+    last_grad = kept(schedule, "_last_gradient_actions", last_gradient_actions) if buckets else {}
     work: list[int] = []
     walkers: list[Iterator[None]] = []
     channels: list[_Channel] = []
     tables: list[dict[str, list[Row]]] = []
     hosts: list[_Host] = []
     programs: list[Iterator[Action]] = []
-    for replica in range(data_parallel):
+    for replica in range(walked):
         off = replica * pp
         end = {op: [[None] * schedule.num_microbatches for _ in range(schedule.num_stages)]
                for op in (*ALL_OPS, GRAD)}
@@ -99,12 +112,14 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
             host.t = profile.host.begin_s  # the runtime's bookkeeping before its first launch
+            if observe and replica == 0:
+                host.spans, host.posted = [], {}
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
             walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
-                                 len(walkers), work, channels, host, extras.host, extras.gpu))
+                                 len(walkers), work, channels, host, extras.host, slower or None))
         tables.append(end)
-    total = sum(map(len, schedule.actions)) * data_parallel
+    total = sum(map(len, schedule.actions)) * walked
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
     work.extend(range(len(walkers) - 1, -1, -1))
     finished = 0
@@ -123,7 +138,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     if finished < len(walkers) or any(c.queue for c in channels):
         return None  # some op waits in a way the walk does not follow: the machine settles it (or names the deadlock)
     _all_reduce(schedule, costs, profile, hosts, data_parallel)
-    for replica in range(data_parallel):
+    for replica in range(walked):
         for (src, dst), ch in zip(channels_of, channels[replica * len(channels_of):]):
             for h in (hosts[replica * pp + src], hosts[replica * pp + dst]):
                 h.track_ends.append(ch.free)
@@ -138,13 +153,57 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
             if e > t:
                 t = e
         finished_s.append(t)
-    return Settled(max(finished_s, default=0.0), tuple(h.busy for h in hosts), tuple(finished_s), tables)
+    copies = data_parallel // walked  # each walked replica stands for this many (all of them, or itself)
+    return Settled(max(finished_s, default=0.0), tuple(h.busy for h in hosts) * copies, tuple(finished_s) * copies,
+                   tables * copies, tuple(h.spans for h in hosts[:pp] if h.spans is not None),
+                   tuple(h.posted for h in hosts[:pp] if h.posted is not None))
+
+
+def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
+    """The directed channels (src rank, dst rank) between neighbouring stages on different ranks, each once."""
+    owner = schedule.stage_to_rank
+    pairs = sorted({(r, owner[s + 1]) for s, r in enumerate(owner[:-1]) if owner[s + 1] != r})
+    return pairs + [(dst, src) for src, dst in pairs]
+
+
+def replicas_alike(profile: Profile, schedule: Schedule, data_parallel: int) -> bool:
+    """Whether every replica's channels cross links of the same cost as the first replica's, shared among its own
+    channels as the first's are and with no other replica's: then the replicas settle alike, to the bit (the same
+    numbers in the same order, on the walk or the machine), and the first can stand for them all. False where
+    ALIKE_REPLICAS_ONCE is off."""
+    if not ALIKE_REPLICAS_ONCE or data_parallel < 2:
+        return False
+    pp, n = schedule.num_ranks, profile.gpus_per_node
+    if n % pp == 0 or pp % n == 0:  # replicas within a node, or of whole nodes: each laid out as the first
+        return True
+    mine = channel_pairs(schedule)
+    first, taken = _layout(profile, mine, 0)
+    for off in range(pp, pp * data_parallel, pp):
+        layout, shared = _layout(profile, mine, off)
+        if layout != first or shared & taken:
+            return False
+        taken |= shared
+    return True
+
+
+def _layout(profile: Profile, channels: list[tuple[int, int]], off: int) -> tuple[list[Any], set[str]]:
+    """The channels of the replica on GPUs off..: each one's link spec and the first of them it shares its link
+    with (-1: unshared); and the shared links' names."""
+    first_user: dict[str, int] = {}
+    out = []
+    for k, (src, dst) in enumerate(channels):
+        name, spec, shared = link_for(profile, src + off, dst + off)
+        out.append((spec, first_user.setdefault(name, k) if shared else -1))
+    return out, set(first_user)
 
 
 def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, data_parallel: int) -> bool:
-    """Whether two channels (streams) cross one shared link: then they take it in time order, which needs the clock."""
+    """Whether two channels (streams) cross one shared link: then they take it in time order, which needs the clock.
+    Replicas within one node each cross only their own links; replicas of whole nodes, only their nodes': then the
+    first replica's channels tell."""
     users: dict[str, int] = defaultdict(int)
-    for off in range(0, pp * data_parallel, pp):
+    n = profile.gpus_per_node
+    for off in range(0, pp if n % pp == 0 or pp % n == 0 else pp * data_parallel, pp):
         for src, dst in channels:
             name, _, shared = link_for(profile, src + off, dst + off)
             if shared:
@@ -155,7 +214,7 @@ def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, d
 class _Host:
     """A rank's host thread and compute stream as the walk leaves them."""
 
-    __slots__ = ("gpu", "t", "busy", "free", "track_ends", "chunk_ends")
+    __slots__ = ("gpu", "t", "busy", "free", "track_ends", "chunk_ends", "spans", "posted")
 
     def __init__(self, gpu: int) -> None:
         self.gpu = gpu
@@ -164,6 +223,8 @@ class _Host:
         self.free = 0.0  # when its compute stream's last op ends
         self.track_ends: list[float] = []  # ends of the last op it launched on each stream, for its final sync
         self.chunk_ends: dict[int, list[float]] = {}  # stage -> ends of its last gradient action's bucket chunks
+        self.spans: list[Span] | None = None  # observed: its compute stream's ops (action or label, start, end)
+        self.posted: dict[Action, float] | None = None  # observed: when it let the device start each receive
 
 
 def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
@@ -216,14 +277,14 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
           messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
           more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
           work: list[int], channels: list[_Channel], host: _Host,
-          extras: dict[Action, float] | None = None, gpu_extras: dict[Action, float] | None = None,
-          ) -> Iterator[None]:
+          extras: dict[Action, float] | None = None, slower: Mapping[Action, float] | None = None) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
     t, free, busy = host.t, 0.0, 0.0  # the host starts after its runtime's bookkeeping (begin_s)
     get_compute = compute.get
     graded: set[int] = set()  # stages whose first gradient action has run
+    spans, posted = host.spans, host.posted
     for a in acts:
         kind, s, i = a
         c = get_compute(kind)
@@ -236,10 +297,10 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                 else:
                     host_s, first_s = fresh_host_s, fresh_first_s
                     graded.add(s)
+            if slower:  # lengthened as lowering lengthens it, after its gradient add
+                gpu_s += slower.get(a, 0.0)
             if extras and a in extras:  # lowering's action_extras, as lowering adds them
                 host_s, first_s = host_s + extras[a], first_s + extras[a]
-            if gpu_extras and a in gpu_extras:
-                gpu_s += gpu_extras[a]
             ready = free
             for dep in dep_rows:
                 e = dep[i]
@@ -267,7 +328,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                         ready = e
             if i == split_mb:  # a stage's last gradient action: one chunk per gradient bucket, as DDP's hooks see it
                 t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, n,
-                                           host.chunk_ends.setdefault(s, []))
+                                           host.chunk_ends.setdefault(s, []), spans, a)
             else:
                 if t + first_s > ready:
                     ready = t + first_s
@@ -278,6 +339,8 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                 busy += e - ready
                 free = e
                 t += host_s
+                if spans is not None:
+                    spans.append((a, ready, e))
             waiters = row[i]
             row[i] = e
             if waiters is not None:
@@ -292,6 +355,8 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
         post_s = p2p_s + extras.get(a, 0.0) if extras else p2p_s
         avail = t + post_s
         t += post_s
+        if posted is not None:
+            posted[a] = avail
         ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
         if is_send:  # its place on the channel, at this end: both ends must agree (NCCL matches messages in order)
             place = channel.sent
@@ -354,9 +419,11 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
 
 
 def _chunks(t: float, busy: float, ready: float, gpu_s: float, tail_s: float, host_s: float, first_s: float,
-            n: int, ends: list[float]) -> tuple[float, float, float, float]:
+            n: int, ends: list[float], spans: list[Span] | None = None, action: Action | None = None,
+            ) -> tuple[float, float, float, float]:
     """An action split into n equal chunks, launched one after another; `ready` is the latest of its stream's
-    last end and its dependencies. Returns the host's clock, the stream's end, the busy time, the last chunk's end."""
+    last end and its dependencies. Returns the host's clock, the stream's end, the busy time, the last chunk's end;
+    each chunk's (action, start, end) in `spans` where given."""
     gpu_c, tail_c, host_c = gpu_s / n, tail_s / n, host_s / n
     first_c = min(first_s, host_c)
     e = free = ready
@@ -371,6 +438,8 @@ def _chunks(t: float, busy: float, ready: float, gpu_s: float, tail_s: float, ho
         busy += e - ready
         free = e
         ends.append(e)
+        if spans is not None:
+            spans.append((action, ready, e))
         t += host_c
     return t, free, busy, e
 
@@ -412,16 +481,21 @@ def _drain(channel: _Channel, work: list[int]) -> None:
 def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, hosts: list[_Host],
                 data_parallel: int) -> None:
     """Each stage's bucketed all-reduce, launched by every replica's host after its program (as
-    parsim.sim.grad_allreduce adds it): one stream per group of GPUs, each bucket after its chunk on every replica."""
+    parsim.sim.grad_allreduce adds it): one stream per group of GPUs, each bucket after its chunk on every replica.
+    `hosts`: those walked (every replica's, or the first's where it stands for all: then the group's are alike)."""
     if data_parallel < 2:
         return
     pp, p2p_s = schedule.num_ranks, profile.host.p2p_s
     free: dict[tuple[int, ...], float] = {}
+    specs: dict[int, CollectiveSpec] = {}  # per rank: its group's (a rank's stages share one group)
     for stage in reversed(range(schedule.num_stages)):
-        group = tuple(r * pp + schedule.stage_to_rank[stage] for r in range(data_parallel))
+        rank = schedule.stage_to_rank[stage]
+        group = tuple(range(rank, len(hosts), pp))  # rank `rank` of each walked replica
         chunk_ends = [hosts[g].chunk_ends[stage] for g in group]
         n = len(chunk_ends[0])
-        spec = allreduce_spec(profile, list(group))
+        if rank not in specs:
+            specs[rank] = allreduce_spec(profile, range(rank, pp * data_parallel, pp))
+        spec = specs[rank]
         seconds = spec.allreduce_s(costs[stage].grad_bytes / n, data_parallel)
         for k in range(n):
             avail = 0.0
@@ -434,6 +508,8 @@ def _all_reduce(schedule: Schedule, costs: list[StageCost], profile: Profile, ho
                     start = max(h.free, h.t, ends[k])
                     h.free = start + spec.compute_share * seconds
                     h.busy += h.free - start  # as the machine counts it: end less start
+                    if h.spans is not None:  # as the machine labels it
+                        h.spans.append((f"allreduce s{stage} bucket {k + 1}/{n}'s share", start, h.free))
             ready = free.get(group, 0.0)
             if avail > ready:
                 ready = avail

@@ -9,7 +9,7 @@ from itertools import islice
 from parsim.profile import LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
 from parsim.schedules import Op as ActionOp
-from parsim.sim.dataflow import iter_wait_keys, transfers
+from parsim.sim.dataflow import iter_wait_keys, kept, transfers
 from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
 from parsim.workload.recompute import RECOMPUTING_OPS, recomputes, recomputing_actions
@@ -117,8 +117,7 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     add_s = gradient_adds(profile, costs)
     firsts = first_gradient_actions(schedule)
     extras = action_extras(schedule, costs, profile, recompute)
-    if extras.gpu:
-        slower = {a: extras.gpu.get(a, 0.0) + (slower or {}).get(a, 0.0) for a in {*extras.gpu, *(slower or {})}}
+    slower = lengthened(slower, extras.gpu)
     parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts,
@@ -192,7 +191,7 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     beside), and each op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk
     waits for them."""
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
-    more = runtime_waits(schedule.comm) if schedule.comm is not None else None
+    more = comm_waits(schedule)
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
     # every action of a validated schedule has its op: no None is read here
     ops_of: dict[str, list[list[Task]]] = ops  # type: ignore[assignment]
@@ -250,6 +249,16 @@ def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, 
     return Extras(gpu or None, host or None)
 
 
+def lengthened(slower: Mapping[Action, float] | None, gpu: dict[Action, float] | None,
+               ) -> Mapping[Action, float] | None:
+    """`slower` (parsim.sim.sharing's) with action_extras' GPU seconds added, one sum per action, as both engines
+    lengthen a compute by one number."""
+    if not gpu:
+        return slower
+    slower = slower or {}
+    return {a: gpu.get(a, 0.0) + slower.get(a, 0.0) for a in {*gpu, *slower}}
+
+
 def host_extras(schedule: Schedule, profile: Profile) -> dict[Action, float] | None:
     """Host seconds some actions pay beyond their own costs, by where they sit in their rank's program: a forward
     right after a backward (host.after_backward_s), the first message of each batch posted together (host.batch_s).
@@ -287,6 +296,14 @@ def runtime_waits(comm: CommPlan) -> dict[Action, list[Action]]:
             for a in batch:
                 more.setdefault(a, []).extend(before)
     return more
+
+
+def comm_waits(schedule: Schedule) -> dict[Action, list[Action]] | None:
+    """runtime_waits of the schedule's comm plan (None without one), kept on the schedule: read by every settlement."""
+    if schedule.comm is None:
+        return None
+    comm = schedule.comm
+    return kept(schedule, "_comm_waits", lambda _: runtime_waits(comm))
 
 
 def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> None:

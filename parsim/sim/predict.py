@@ -11,13 +11,22 @@ from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ProfileError
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
-from parsim.schedules import SCHEDULES, Schedule, gpipe
+from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
-from parsim.sim.longest_path import settle_step
+from parsim.sim.longest_path import Settled, replicas_alike, settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
 from parsim.sim.machine import HostThread, Machine, Task, gc_paused
-from parsim.sim.sharing import Slower, early_receives, settle_sharing
+from parsim.sim.sharing import (
+    EarlyWaits,
+    Observed,
+    Slower,
+    early_receives,
+    early_waits,
+    machine_observed,
+    settle_sharing,
+    waiting,
+)
 from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
 
@@ -92,25 +101,38 @@ class Simulation:
 ENGINES = ("auto", "longest-path", "events")  # simulate's: the walk where it applies, else the machine; or one
 
 
+class StepAbove(Exception):
+    """The step is no shorter than `floor_s`, which the caller's give_up said rules it out: not settled further."""
+
+    def __init__(self, floor_s: float) -> None:
+        super().__init__(floor_s)
+        self.floor_s = floor_s
+
+
 def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
              copy_streams: bool = False, data_parallel: int = 1, engine: str = "auto",
-             recompute: str = "never") -> Simulation:
+             give_up: Callable[[float], bool] | None = None, recompute: str = "never") -> Simulation:
     """Run one step of `schedule` with per-stage `costs` on the machine `profile` describes,
     on `data_parallel` replicas of the pipeline whose gradients are all-reduced.
 
     The step is settled by one longest-path pass (parsim.sim.longest_path) where no link is shared, else on
     the event-driven machine; both give the same times, to the bit. `engine` forces one, for tests
     ("longest-path" raises where it does not apply). Where receives wait beside compute and the profile says
-    that slows it, the machine settles the step until the slowdowns agree (parsim.sim.sharing). `recompute`:
-    which backwards run their forward again (parsim.workload.recompute).
+    that slows it, the step is settled again until the slowdowns agree (parsim.sim.sharing), on the walk where it
+    applies; there the first settlement (no slowdown) is a floor under the step (slowing an op delays nothing
+    earlier: max-plus, and rounding is monotone), and where `give_up(floor)` is true, StepAbove is raised instead.
+    `recompute`: which backwards run their forward again (parsim.workload.recompute).
     """
     with gc_paused():
         validate(schedule, copy_streams, check_deadlock=False, check_order=False)  # the simulation finds these
         buckets = gradient_buckets(costs) if data_parallel > 1 else None
         gpus = schedule.num_ranks * data_parallel
 
-        def lowered(slower: Slower | None = None) -> tuple[Machine, OpTable]:
-            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, recompute)
+        copies = data_parallel if engine != "events" and replicas_alike(profile, schedule, data_parallel) else 1
+
+        def lowered(slower: Slower | None = None, walked: int | None = None) -> tuple[Machine, OpTable]:
+            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, walked,
+                                   recompute)
 
         def run_machine() -> Machine:
             return lowered()[0]
@@ -118,47 +140,96 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
         rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
         early = early_receives(schedule) if rate < 1 else None
         if early:
-            if engine == "longest-path":
-                raise ValueError("the longest-path pass does not apply to this step (receives waiting beside compute)")
             check_channel_order(schedule)
-            machine, slower = settle_sharing(lowered, schedule, early, rate, copy_streams)
-            return _simulation(machine, gpus, lambda: lowered(slower)[0])
-        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, recompute) \
+            walked = _settle_sharing_walked(schedule, costs, profile, copy_streams, data_parallel, buckets, early,
+                                            rate, give_up, recompute) if engine != "events" else None
+            if walked is not None:
+                step, slower = walked
+                return Simulation(step.step_time_s, step.busy_s, lambda: lowered(slower)[0])
+            if engine == "longest-path":
+                raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
+            waits = early_waits(schedule, early, copy_streams)
+            machine, slower = settle_sharing(
+                lambda slow: _observed_machine(lowered(slow, data_parallel // copies), schedule, early, waits), rate)
+            return _simulation(machine, gpus, lambda: lowered(slower)[0], copies)
+        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, recompute=recompute) \
             if engine != "events" else None
         if settled is not None:
             return Simulation(settled.step_time_s, settled.busy_s, run_machine)
         check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
         if engine == "longest-path":
             raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
-        return _simulation(run_machine(), gpus, run_machine)
+        return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
 
 
-def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine]) -> Simulation:
-    """The Simulation of a machine already run."""
-    busy = {compute_track(g): 0.0 for g in range(gpus)}
+def _observed_machine(run: tuple[Machine, OpTable], schedule: Schedule, early: frozenset[Action],
+                      waits: EarlyWaits) -> tuple[Machine, Observed]:
+    """A settlement on the event-driven machine, with what parsim.sim.sharing reads off it."""
+    machine, table = run
+    return machine, machine_observed(schedule, machine, table, early, waits)
+
+
+def _settle_sharing_walked(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
+                           data_parallel: int, buckets: dict[int, int] | None, early: frozenset[Action], rate: float,
+                           give_up: Callable[[float], bool] | None = None, recompute: str = "never",
+                           ) -> tuple[Settled, Slower] | None:
+    """parsim.sim.sharing's rounds on the longest-path walk (the machine's times, to the bit, far sooner); None
+    where the walk does not apply."""
+    first = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, observe=True,
+                        recompute=recompute)
+    if first is None:
+        return None
+    if give_up is not None and give_up(first.step_time_s):
+        raise StepAbove(first.step_time_s)
+    waits = early_waits(schedule, early, copy_streams)
+
+    def run(slower: Slower) -> tuple[Settled, Observed]:
+        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, observe=True,
+                              recompute=recompute) if slower else first
+        if settled is None:
+            raise _WalkStopped
+        ends = settled.ends[0]
+        windows = waiting(waits, settled.posted, lambda d: ends[d[0]][d[1]][d[2]])
+        return settled, (list(settled.computes), windows)
+
+    try:
+        return settle_sharing(run, rate)
+    except _WalkStopped:  # not expected (lengthened computes change no order the walk follows): the machine's
+        return None
+
+
+class _WalkStopped(Exception):
+    """A round of the sharing loop that the walk could not settle."""
+
+
+def _simulation(machine: Machine, gpus: int, run_machine: Callable[[], Machine], copies: int = 1) -> Simulation:
+    """The Simulation of a machine already run: of all `gpus`, or of the first 1 / `copies` of them where those
+    stand for the rest (their timeline then runs every replica, when asked for)."""
+    busy = {compute_track(g): 0.0 for g in range(gpus // copies)}
     for stream in machine.streams.values():
         if stream.name in busy:
             for op in stream.ops:
                 busy[stream.name] += op.end_s - op.start_s
     ends = [h.finished_at for h in machine.hosts if h.finished_at is not None]  # all of them: it ran to the end
-    sim = Simulation(max(ends, default=0.0), tuple(busy.values()), run_machine)
-    sim.__dict__["machine"] = machine  # already run: cached_property's slot
+    sim = Simulation(max(ends, default=0.0), tuple(busy.values()) * copies, run_machine)
+    if copies == 1:
+        sim.__dict__["machine"] = machine  # already run: cached_property's slot
     return sim
 
 
 def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool,
                      data_parallel: int, buckets: dict[int, int] | None, slower: Slower | None = None,
-                     recompute: str = "never") -> tuple[Machine, OpTable]:
+                     walked: int | None = None, recompute: str = "never") -> tuple[Machine, OpTable]:
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
-    first replica's op table."""
+    first replica's op table. `walked`: the replicas lowered (default all; 1 where the first stands for alike
+    ones, parsim.sim.longest_path.replicas_alike)."""
     with gc_paused():
         machine = Machine()
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower,
-                           recompute)
-                    for r in range(data_parallel)]
+                          recompute) for r in range(walked or data_parallel)]
         if data_parallel > 1:
             assert buckets is not None, "several replicas all-reduce their gradients by bucket"
-            add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets)
+            add_gradient_allreduce(machine, schedule, costs, profile, replicas, buckets, data_parallel)
         finish_step(machine, profile.host.step_s, profile.host.begin_s)
         machine.run()
     return machine, replicas[0].ops
@@ -188,18 +259,19 @@ def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bo
     schedule and splits the model too."""
     run_profile = runtime.costs(profile) if runtime is not None else profile
     return predict_schedule(schedule, model, profile, run_profile, copy_streams, data_parallel,
-                            runtime.name if runtime is not None else "hw", recompute)
+                            runtime.name if runtime is not None else "hw", recompute=recompute)
 
 
 def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
-                     data_parallel: int, runtime: str, recompute: str = "never") -> tuple[Prediction, Simulation]:
+                     data_parallel: int, runtime: str, give_up: Callable[[float], bool] | None = None,
+                     recompute: str = "never") -> tuple[Prediction, Simulation]:
     """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
     one-GPU baseline, which hw's eager runner runs. Several ranks' hosts run at the slowest one's pace
     (parsim.sim.slowest)."""
     run_profile = at_slowest_pace(run_profile, schedule.num_ranks * data_parallel)
     with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
         costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
-        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel, recompute=recompute)
+        sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel, give_up=give_up, recompute=recompute)
         single_s = single_gpu_step_s(model, profile)
         for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
             # a profile loaded from a file is range-checked: not from there

@@ -8,14 +8,13 @@ waiting receives, half-way towards what the last settlement implies, until they 
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import cast
+from typing import TypeVar, cast
 
 from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import iter_wait_keys
-from parsim.sim.lower import Chunk, OpTable, compute_track, runtime_waits
+from parsim.sim.lower import Chunk, OpTable, comm_waits, compute_track
 from parsim.sim.machine import Machine, Task
 
 RECEIVES = frozenset(recv for recv, _ in PAIRED_RECV.values())
@@ -45,39 +44,79 @@ def early_receives(schedule: Schedule) -> frozenset[Action]:
     early: set[Action] = set()
     for acts in schedule.actions:
         pending: list[Action] = []
-        for a in acts:
-            if a.op in RECEIVES:
+        for a in acts:  # unpacked, not read by name: this sees every action
+            kind, stage, mb = a
+            if kind in RECEIVES:
                 pending.append(a)
-            elif a.op in COMPUTE_OPS:
-                early.update(r for r in pending if not (a.op in CONSUMERS[r.op] and a[1:] == r[1:]))
+            elif pending and kind in COMPUTE_OPS:
+                for r in pending:
+                    if r[1] != stage or r[2] != mb or kind not in CONSUMERS[r[0]]:
+                        early.add(r)
                 pending = []
     return frozenset(early)
 
 
-def waiting(schedule: Schedule, machine: Machine, table: OpTable, early: frozenset[Action],
-            copy_streams: bool = False) -> list[list[tuple[float, float]]]:
-    """Per rank, when each early receive's kernel waits on its GPU: from when its rank could start it (its host
-    posted it, and what it waits for on that rank has ended) to the end of its message."""
-    more = runtime_waits(schedule.comm) if schedule.comm is not None else {}
-    ops: dict[str, list[list[Task]]] = table  # type: ignore[assignment]  # every action has its op: no None
+Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
+Observed = tuple[list[list[Span]], list[list[tuple[float, float]]]]  # per rank: compute spans, waiting windows
+EarlyWaits = list[list[tuple[Action, tuple[tuple[str, int, int], ...]]]]  # per rank: early receive, its waits
+
+
+def early_waits(schedule: Schedule, early: frozenset[Action], copy_streams: bool = False) -> EarlyWaits:
+    """Per rank, in program order, each early receive with what it waits for on its rank (its stream and its
+    runtime's waits, less its own message, whose send and receive are one op): worked out once per step, read
+    every round."""
+    more = comm_waits(schedule) or {}
     keys = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
-    out = []
-    for rank, acts in enumerate(schedule.actions):
-        posted = machine.hosts[rank].issued()
-        spans = []
+    out: EarlyWaits = []
+    for acts in schedule.actions:
+        mine = []
         for a, deps in islice(keys, len(acts)):
-            if a not in early:
-                continue
-            op = ops[a.op][a.stage][a.microbatch]
-            start = posted[id(op)]
-            for d in (*deps, *more.get(a, ())):
-                dep = ops[d[0]][d[1]][d[2]]
-                if dep is not op and dep.end_s > start:
-                    start = dep.end_s
-            if op.end_s > start:
-                spans.append((start, op.end_s))
+            if a in early:
+                send, step = _SEND_OF[a.op]
+                itself = {a, (send, a.stage - step, a.microbatch)}
+                waits: list[tuple[str, int, int]] = [*deps, *more.get(a, ())]
+                mine.append((a, tuple(d for d in waits if d not in itself)))
+        out.append(mine)
+    return out
+
+
+def waiting(waits: EarlyWaits, posted: Sequence[Mapping[Action, float]],
+            end: Callable[[tuple[str, int, int]], float]) -> list[list[tuple[float, float]]]:
+    """Per rank, when each early receive's kernel waits on its GPU: from when its rank could start it (`posted`: per
+    rank, when its host let the device start each early receive, and what it waits for on that rank has ended,
+    `end` of each action) to the end of its message. Both engines' settlements are read through this."""
+    out = []
+    for rank, mine in enumerate(waits):
+        spans = []
+        for a, deps in mine:
+            start = posted[rank][a]
+            for d in deps:
+                e = end(d)
+                if e > start:
+                    start = e
+            message_end = end(a)
+            if message_end > start:
+                spans.append((start, message_end))
         out.append(_union(spans))
     return out
+
+
+_SEND_OF = {recv: (send, step) for send, (recv, step) in PAIRED_RECV.items()}  # a receive's send op, stage offset
+
+
+def machine_observed(schedule: Schedule, machine: Machine, table: OpTable, early: frozenset[Action],
+                     waits: EarlyWaits) -> Observed:
+    """What a settlement on the event-driven machine tells the sharing loop: each first-replica rank's compute
+    stream (its ops' actions, starts and ends) and its early receives' waiting windows."""
+    ops: dict[str, list[list[Task]]] = table  # type: ignore[assignment]  # every action has its op: no None
+    posted = []
+    for rank, acts in enumerate(schedule.actions):
+        issued = machine.hosts[rank].issued()
+        posted.append({a: issued[id(ops[a.op][a.stage][a.microbatch])] for a in acts if a in early})
+    windows = waiting(waits, posted, lambda d: ops[d[0]][d[1]][d[2]].end_s)
+    computes = [[(op.label.action if isinstance(op.label, Chunk) else op.label, op.start_s, op.end_s)
+                 for op in machine.streams[compute_track(rank)].ops] for rank in range(schedule.num_ranks)]
+    return computes, windows
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -90,37 +129,42 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def lengthening(schedule: Schedule, machine: Machine, windows: list[list[tuple[float, float]]],
-                rate: float) -> Slower:
+def lengthening(computes: list[list[Span]], windows: list[list[tuple[float, float]]], rate: float) -> Slower:
     """Each compute action's GPU time lost to the waiting receives beside it: (1 - rate) x its overlap with them
-    (`windows`: per rank, disjoint and in time order)."""
+    (`computes`: per rank, its compute stream's spans in order; `windows`: per rank, disjoint and in time order)."""
     out: Slower = {}
-    for rank, spans in enumerate(windows):
+    for spans, ops in zip(windows, computes):
         if not spans:
             continue
-        ends = [b for _, b in spans]
-        for op in machine.streams[compute_track(rank)].ops:
-            overlap, k = 0.0, bisect_right(ends, op.start_s)  # the first window still open at the op's start
-            while k < len(spans) and spans[k][0] < op.end_s:
-                overlap += min(op.end_s, spans[k][1]) - max(op.start_s, spans[k][0])
+        first, last = 0, len(spans)  # the first window still open at the op's start: ops start in order
+        for action, start, end in ops:
+            while first < last and spans[first][1] <= start:
+                first += 1
+            if first == last:
+                break
+            overlap, k = 0.0, first
+            while k < last and spans[k][0] < end:
+                overlap += min(end, spans[k][1]) - max(start, spans[k][0])
                 k += 1
             if overlap > 0:
-                action = cast(Action, op.label.action if isinstance(op.label, Chunk) else op.label)
-                out[action] = out.get(action, 0.0) + (1.0 - rate) * overlap
+                key = cast(Action, action)
+                out[key] = out.get(key, 0.0) + (1.0 - rate) * overlap
     return out
 
 
-def settle_sharing(run: Callable[[Slower], tuple[Machine, OpTable]], schedule: Schedule, early: frozenset[Action],
-                   rate: float, copy_streams: bool = False) -> tuple[Machine, Slower]:
-    """The step with each compute slowed by the `early` receives (early_receives) waiting beside it: `run(slower)`
-    settles it with those lengthenings; returns the last settlement and its lengthenings, once they imply
-    themselves."""
+T = TypeVar("T")
+
+
+def settle_sharing(run: Callable[[Slower], tuple[T, Observed]], rate: float) -> tuple[T, Slower]:
+    """The step with each compute slowed by the early receives (early_receives) waiting beside it: `run(slower)`
+    settles it with those lengthenings (on either engine) and observes it; returns the last settlement and its
+    lengthenings, once they imply themselves."""
     slower: Slower = {}
     for rounds in range(1, MAX_ROUNDS + 1):
-        machine, table = run(slower)
-        target = lengthening(schedule, machine, waiting(schedule, machine, table, early, copy_streams), rate)
+        settled, (computes, windows) = run(slower)
+        target = lengthening(computes, windows, rate)
         actions = target.keys() | slower.keys()
         if rounds == MAX_ROUNDS or all(abs(target.get(a, 0.0) - slower.get(a, 0.0)) <= TOLERANCE_S for a in actions):
-            return machine, slower
+            return settled, slower
         slower = {a: (slower.get(a, 0.0) + target.get(a, 0.0)) / 2 for a in actions}
     raise AssertionError("unreachable")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from scipy import integrate, special
-
 from parsim.profile import Profile
 
 
@@ -22,6 +20,7 @@ def expected_max(n: int) -> float:
         raise ValueError(f"need at least one rank, got {n}")
     if n == 1:
         return 0.0
+    from scipy import integrate, special  # here, not at import: half a second that most runs do not need
 
     def density(x: float) -> float:  # x times the max's density: n pdf(x) cdf(x)^(n-1)
         return x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * float(special.ndtr(x)) ** (n - 1)
@@ -31,7 +30,7 @@ def expected_max(n: int) -> float:
 
 def slowest_factor(spread: float, ranks: int) -> float:
     """How much slower than its mean pace the slowest of `ranks` host loops runs, each with sd/mean `spread`."""
-    return 1.0 + expected_max(ranks) * spread
+    return 1.0 + expected_max(ranks) * spread if spread else 1.0  # 1 + E x 0 is 1: no integral for it
 
 
 def spread_of(excess: float, ranks: int) -> float:
