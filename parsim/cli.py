@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the best configuration's timeline (Chrome trace)")
     pl.add_argument("--jobs", type=flags.whole(1, MAX_JOBS), metavar="N",
                     help="processes simulating at once (default: all cores)")
-    _add_model_args(pl, balance=False, runtime=None, recompute=False)  # plan does not search recomputation yet
+    pl.add_argument("--recompute", choices=("auto", "never"), default="auto",
+                    help="auto: a configuration over the memory limit is offered recomputed (except-last, else "
+                         "always) where that fits it, on hw's runner; never: every activation kept (default auto)")
+    _add_model_args(pl, balance=False, runtime=None, recompute=False)  # its own --recompute, above
 
     sc = _command(sub, "scenario")
     sc.add_argument("name", choices=sorted(SCENARIOS))
@@ -315,7 +318,7 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
     runtimes = [runtime_for(args)] if args.runtime else None
     found = search(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtimes[0] if runtimes else None),
                    args.partition, runtimes, args.top, args.jobs or default_jobs(), progress=True,
-                   optimizer=args.optimizer)
+                   optimizer=args.optimizer, recompute=args.recompute == "auto")
     fits, too_big = found.fits, found.too_big
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     print(f"memory per GPU: {OPTIMIZERS[args.optimizer]}, plus peak activations and working memory; limit "
@@ -336,6 +339,10 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
         assert p is not None, "what fits was simulated"
         print(f"{i:>4}  {c.runtime:<11} {c.label:<{width}} {fmt_time(p.step_time_s):>11} {p.speedup:>7.2f}x "
               f"{p.bubble_fraction:>7.1%} {c.memory_bytes / 1e9:>8.2f} GB")
+    redone = sum(c.recompute != "never" for c in fits[: args.top])
+    if redone:
+        print(f"{redone} of these fit only by recomputing (torchgpipe's checkpointing: each recomputed micro-batch's "
+              "forward runs again in its backward; `hw measure --recompute` runs it)")
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
           f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule or runtime refuses, "
           f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)"

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from parsim.budget import MAX_ACTIONS, actions, check_plan, cpu_cores, stages_per_rank
@@ -35,7 +35,7 @@ from parsim.interrupts import default_signals, die_with_parent
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
-from parsim.schedules import VIRTUAL, Schedule
+from parsim.schedules import VIRTUAL, Op, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.predict import Prediction, StepAbove
@@ -55,19 +55,21 @@ class Candidate:
     memory_bytes: int  # the most any one GPU needs
     balance: tuple[int, ...] | None = None  # layers per stage, where not an equal split
     runtime: str = "hw"  # what runs it (parsim.runtimes)
+    recompute: str = "never"  # what it fits with only by recomputing (parsim.workload.recompute)
 
     @property
     def label(self) -> str:
         v = f", v={self.virtual_stages}" if self.schedule in VIRTUAL else ""
         dp = f", dp={self.data_parallel}" if self.data_parallel > 1 else ""
         split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
-        return f"{self.schedule} m={self.microbatches}{v}{dp}{split}"
+        redo = f", recompute {self.recompute}" if self.recompute != "never" else ""
+        return f"{self.schedule} m={self.microbatches}{v}{dp}{redo}{split}"
 
     def configuration(self, model: Model, gpus: int, copy_streams: bool = False) -> Configuration:
         """This candidate as a configuration of `model` on `gpus` GPUs, to predict again (a timeline)."""
         return Configuration(model, self.schedule, gpus, self.microbatches,
                              self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
-                             self.runtime, copy_streams, self.balance or "equal")
+                             self.runtime, copy_streams, self.balance or "equal", self.recompute)
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,21 @@ def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank:
     return held
 
 
-def memory_bytes(schedule: Schedule, model: Model, data_parallel: int = 1, optimizer: str = "adam") -> int:
+def memory_bytes(schedule: Schedule, model: Model, data_parallel: int = 1, optimizer: str = "adam",
+                 recompute: str = "never") -> int:
     """The most any one GPU needs for `model` split across `schedule`'s stages (parsim.workload.memory, with
-    the optimizer's state): what plan screens and reports."""
+    the optimizer's state, recomputed as `recompute` says): what plan screens and reports."""
     samples = microbatch_tokens(model, schedule.num_microbatches, data_parallel)
-    return max(rank_peak_bytes(model, schedule, samples, optimizer))
+    return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute))
+
+
+RECOMPUTE_ORDER = ("except-last", "always")  # what plan tries where a configuration does not fit: the cheaper first
+
+
+def can_recompute(runtime: str, schedule: Schedule) -> bool:
+    """Whether plan may offer `schedule` recomputed: run by hw's runner (the runtime hw recomputes under, whose host
+    cost calibrate measures), its backward not split (hw.run.stage_runner.check_recompute)."""
+    return runtime == "hw" and not any(a.op == Op.BACKWARD_INPUT for acts in schedule.actions for a in acts)
 
 
 def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
@@ -216,18 +228,18 @@ def _splits(model: Model, partition: str, stages: int, m: int, profile: Profile,
     return list(out.values())
 
 
-_CONTEXT: tuple[Model, Profile, float | None, str] | None = None  # a worker's: what every configuration shares
+_CONTEXT: tuple[Model, Profile, float | None, str, bool] | None = None  # a worker's: what every configuration shares
 
 
 def _start_worker(parent: int, model: Model, profile: Profile, memory_limit_bytes: float | None,
-                  optimizer: str) -> None:
+                  optimizer: str, recompute: bool) -> None:
     """A worker process: Ctrl-C is the parent's to handle (it stops the workers); SIGTERM ends it at once; it dies
     with its parent, however that ends (SIGKILL included)."""
     global _CONTEXT
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     default_signals()  # forked with the parent's handler, which would unwind the worker instead of ending it
-    _CONTEXT = model, profile, memory_limit_bytes, optimizer
+    _CONTEXT = model, profile, memory_limit_bytes, optimizer, recompute
 
 
 @dataclass(frozen=True)
@@ -238,15 +250,25 @@ class Beyond:
 
 
 def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: float | None = None,
-             optimizer: str = "adam", bound_s: float | None = None) -> Candidate | Beyond | None:
+             optimizer: str = "adam", recompute: bool = True, bound_s: float | None = None,
+             ) -> Candidate | Beyond | None:
     """Build, screen by memory, simulate: the candidate (its prediction None if over the limit), or None if its
     schedule refuses these sizes, or Beyond where the simulation found a floor that ranks it after a step of
-    `bound_s` (the top K's slowest when it was sent: such a configuration cannot enter them)."""
+    `bound_s` (the top K's slowest when it was sent: such a configuration cannot enter them). Where it is over the
+    limit and `recompute`, the first mode of RECOMPUTE_ORDER that fits it is taken: recomputing only lengthens a
+    step, so its floor still holds, and of the modes that fit the first is the fastest."""
     try:
         prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
     memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer)
+    if recompute and memory_limit_bytes is not None and memory > memory_limit_bytes \
+            and can_recompute(shape.runtime, prepared.schedule):
+        for mode in RECOMPUTE_ORDER:  # over the limit even so: the last, the least memory, is what it is shown with
+            memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer, mode)
+            prepared = replace(prepared, config=replace(prepared.config, recompute=mode))
+            if memory <= memory_limit_bytes:
+                break
     prediction = None
     if memory_limit_bytes is None or memory <= memory_limit_bytes:
         try:
@@ -254,7 +276,7 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
         except StepAbove as above:
             return Beyond(above.floor_s)
     return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
-                     memory, prepared.model.balance, shape.runtime)
+                     memory, prepared.model.balance, shape.runtime, prepared.config.recompute)
 
 
 def _evaluate_in_worker(shape: Shape, bound_s: float | None) -> Candidate | Beyond | None:
@@ -277,9 +299,10 @@ def ranks_after(floor_s: float, step_s: float) -> bool:
 def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
            schedules: list[str] | None = None, partition: str = "equal", runtimes: list[Runtime] | None = None,
            top: int | None = None, jobs: int = 1, progress: bool = False, max_microbatches: int = 256,
-           data_parallel: bool = True, optimizer: str = "adam") -> Search:
+           data_parallel: bool = True, optimizer: str = "adam", recompute: bool = True) -> Search:
     """The `top` fastest configurations under the memory limit (all of them where top is None), simulating only
-    those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes."""
+    those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes; a configuration
+    over the limit recomputed where that fits it, if `recompute` (evaluate)."""
     start = time.perf_counter()
     runtimes = runtimes or costed_runtimes(profile)
     every = layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
@@ -290,14 +313,15 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
                       bar.update)
         bar.set_description("plan", refresh=False)
         bar.n, bar.total = 0, len(todo)
-        fits, too_big, counts = _search(todo, bar, top, (model, profile, memory_limit_bytes, optimizer), jobs)
+        fits, too_big, counts = _search(todo, bar, top, (model, profile, memory_limit_bytes, optimizer, recompute),
+                                        jobs)
     fits.sort(key=lambda f: rank_key(f[0], f[2].memory_bytes, f[1]))
     ranked = [c for _, _, c in fits][:top]
     return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
                   time.perf_counter() - start, jobs, left_out)
 
 
-def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, Profile, float | None, str],
+def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, Profile, float | None, str, bool],
             jobs: int) -> tuple[list[tuple[float, int, Candidate]], list[Candidate], dict[str, int]]:
     """Simulate what can still enter the top `top` (search's loop): (step, index, candidate) of those that fit,
     those over the memory limit, and how many were pruned or cannot run."""
@@ -340,7 +364,7 @@ _PRUNED = object()  # _run's mark for a configuration it did not simulate
 
 
 def _run(ordered: list[Shape], can_win: Callable[[Shape], bool], bound: Callable[[], float | None],
-         context: tuple[Model, Profile, float | None, str], jobs: int) -> Iterator[tuple[Shape, object]]:
+         context: tuple[Model, Profile, float | None, str, bool], jobs: int) -> Iterator[tuple[Shape, object]]:
     """(shape, evaluate's answer or _PRUNED) for each shape: evaluated where `can_win` says it still can when its
     turn comes (checked again before a queued one starts), with `bound()` then, on `jobs` worker processes (1: in
     this one); `context`: evaluate's arguments after the shape."""

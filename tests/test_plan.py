@@ -17,6 +17,7 @@ from parsim.plan import (
     candidates,
     costed_runtimes,
     evaluate,
+    memory_bytes,
     params_per_gpu,
     plan,
     rank_key,
@@ -128,18 +129,19 @@ def spaces(draw):
 @given(space=spaces(), limit_at=st.sampled_from([None, 0.3, 0.7]), partition=st.sampled_from(["equal", "both"]),
        optimizer=st.sampled_from(["adam", "none"]))
 def test_pruning_finds_the_exhaustive_top_k_and_every_floor_is_below_its_step(space, limit_at, partition, optimizer):
-    """Every configuration simulated: no floor above its own step time; and the pruned search's top K (with a
-    memory limit at a quantile of what they need, or none) are the exhaustive search's, in order, to the bit."""
+    """Every configuration simulated: no floor above its own step time, recomputed or not; and the pruned search's
+    top K (with a memory limit at a quantile of what they need, which some meet only recomputed, or none) are the
+    exhaustive search's, in order, to the bit."""
     model, gpus, profile, top = space
     todo = shapes(model, gpus, profile, costed_runtimes(profile), max_microbatches=16, partition=partition)
     everything = [(s, evaluate(s, model, profile, optimizer=optimizer)) for s in todo]
-    ran = [(s, c) for s, c in everything if c is not None]
+    memory = sorted(c.memory_bytes for _, c in everything if c is not None)
+    limit = memory[int(limit_at * len(memory))] if limit_at is not None and memory else None
+    ran = [(s, c) for s in todo if (c := evaluate(s, model, profile, limit, optimizer)) is not None and c.prediction]
     for shape, c in ran:
         assert shape.floor_s <= c.prediction.step_time_s, (c.runtime, c.label)
-    memory = sorted(c.memory_bytes for _, c in ran)
-    limit = memory[int(limit_at * len(memory))] if limit_at is not None and memory else None
-    exhaustive = sorted(((c.prediction.step_time_s, s.index, c) for s, c in ran
-                         if limit is None or c.memory_bytes <= limit),
+        assert c.recompute == "never" or c.runtime == "hw"
+    exhaustive = sorted(((c.prediction.step_time_s, s.index, c) for s, c in ran),
                         key=lambda x: rank_key(x[0], x[2].memory_bytes, x[1]))[:top]
     found = search(model, gpus, profile, limit, top=top, max_microbatches=16, partition=partition, optimizer=optimizer)
     assert [(c.runtime, c.label, c.prediction.step_time_s) for c in found.fits] == \
@@ -232,3 +234,24 @@ def test_equally_fast_configurations_rank_the_one_needing_less_memory_first():
         (first, one), (second, gp) = rank["1f1b", m], rank["gpipe", m]
         assert one.prediction.step_time_s == pytest.approx(gp.prediction.step_time_s, rel=1e-12)
         assert one.memory_bytes < gp.memory_bytes and first < second
+
+
+def test_plan_offers_recomputation_where_it_alone_fits_a_configuration():
+    """A limit that GPipe's kept activations pass and its recomputed ones meet: plan offers it recomputed, priced as
+    `predict --recompute` prices it; told never, it leaves it out; and nothing that fits kept is offered recomputed."""
+    profile = make_profile()
+    kept = evaluate(next(s for s in shapes(MODEL, 2, profile, [RUNTIMES["hw"]], ["gpipe"], 8)
+                         if s.microbatches == 8 and s.data_parallel == 1), MODEL, profile)
+    redone = dataclasses.replace(kept, recompute="always")
+    limit = (memory_bytes(build("gpipe", 2, 8), MODEL, 1, "adam", "always") + kept.memory_bytes) / 2
+    found = search(MODEL, 2, profile, limit, ["gpipe"], runtimes=[RUNTIMES["hw"]], max_microbatches=8)
+    offered = {c.label: c for c in found.fits}
+    assert "gpipe m=8, recompute except-last" in offered or "gpipe m=8, recompute always" in offered
+    c = offered.get("gpipe m=8, recompute except-last") or offered["gpipe m=8, recompute always"]
+    again, _ = predict(build("gpipe", 2, 8), MODEL, profile, recompute=c.recompute)
+    assert c.prediction.step_time_s == again.step_time_s > kept.prediction.step_time_s
+    assert c.memory_bytes <= limit < kept.memory_bytes and redone.label == "gpipe m=8, recompute always"
+    plain = search(MODEL, 2, profile, limit, ["gpipe"], runtimes=[RUNTIMES["hw"]], max_microbatches=8, recompute=False)
+    assert all(c.recompute == "never" for c in plain.fits) and "gpipe m=8" not in {c.label for c in plain.fits}
+    assert all(c.recompute == "never" for c in found.fits if c.memory_bytes <= limit and
+               memory_bytes(build("gpipe", 2, c.microbatches), MODEL) <= limit)
