@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 SHIPPED = str(Path(__file__).parent.parent / "parsim" / "profiles" / "default.json")
 # a tiny pipeline stepped far longer than any test waits
 LONG = ["--cpu", "--gpus", "2", "--microbatches", "2", "--layers", "2", "--hidden", "64", "--tokens", "64",
-        "--steps", "100000", "--warmup", "0", "--timeout", "60"]
+        "--steps", "10000", "--warmup", "0", "--timeout", "60"]
 VALIDATE = ["--cpu", "--gpus", "2", "--schedules", "1f1b", "--microbatches", "2", "--models", "2x64x64",
             "--warmup", "0", "--timeout", "60"]
 
@@ -42,7 +42,7 @@ def _started(argv: list[str], ready: str = "measuring") -> tuple[Terminal, list[
 
 
 @pytest.mark.parametrize("command", [["measure", *LONG],
-                                     ["validate", *VALIDATE, "--steps", "100000", "--profile", SHIPPED]])
+                                     ["validate", *VALIDATE, "--steps", "10000", "--profile", SHIPPED]])
 def test_sigterm_to_the_parent_stops_every_rank_names_them_and_exits_143(command, tmp_path):
     if command[0] == "validate":
         command = [*command, "--out", str(tmp_path / "v")]
