@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
-import sys
-from types import ModuleType
+import signal
 
-from hw.run.teardown import adopt_parent
-from parsim.cli import OneLineErrors, run_command
+# First, before the imports below (torch's among them): Ctrl-C ends a command that has not started yet at once and
+# quietly, as SIGTERM and SIGHUP do (the shell reports 130); parsim.cli.run_command's handling takes over after.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+from hw.run.teardown import adopt_parent  # noqa: E402
+from parsim.cli import OneLineErrors, run_command  # noqa: E402
 
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
 COMMANDS = {

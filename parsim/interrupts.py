@@ -38,11 +38,13 @@ def _raise(signum: int, frame: object) -> None:
 
 @contextmanager
 def stopping() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise Stopped in the main thread (elsewhere: nothing changes)."""
+    """While the block runs, Ctrl-C raises KeyboardInterrupt and SIGTERM and SIGHUP raise Stopped in the main thread
+    (elsewhere: nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     before = {s: signal.signal(s, _raise) for s in STOPPING}
+    before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
