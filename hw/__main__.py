@@ -16,6 +16,7 @@ from types import ModuleType  # noqa: E402
 
 from hw.run.teardown import adopt_parent  # noqa: E402
 from parsim.cli import OneLineErrors, run_command  # noqa: E402
+from parsim.errors import ParsimError  # noqa: E402
 
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, the question it answers)
 COMMANDS = {
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from hw.run.ranks import under_torchrun  # torch is loaded by now: the chosen command's module imports it
 
-    if args.command != "measure" and under_torchrun():
+    try:
+        launched = under_torchrun()
+    except ParsimError as e:  # a launcher's environment, partial or malformed: before anything starts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command != "measure" and launched:
         print(f"error: `hw {args.command}` starts its own processes; run it without torchrun "
               "(only `hw measure` runs as torchrun's ranks)", file=sys.stderr)
         return 2

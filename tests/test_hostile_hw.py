@@ -155,3 +155,26 @@ def testcpu_defaults_are_tiny_as_cpus_help_says(scratch, monkeypatch):
         models=[m.name for m in models], points=sum(len(turns) for _, turns in grid)) or 0)
     assert main(["validate", "--cpu", "--out", "v"]) == 0  # past the CPU's size check, which refused the defaults
     assert seen["models"] == ["4 x mlp(h=64), 256 tokens"] and seen["points"] > 0
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' in the environment: expected a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' in the environment"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK 3 is not below WORLD_SIZE 2"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "99999"}, "MASTER_PORT='99999'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500", "LOCAL_RANK": "-1"},
+     "LOCAL_RANK='-1'"),
+])
+@pytest.mark.parametrize("command", [["measure", "--cpu", "--gpus", "2"], ["validate", "--cpu", "--out", "v"]])
+def test_a_launchers_partial_or_malformed_environment_is_one_line_naming_the_variable(scratch, capsys, monkeypatch,
+                                                                                       env, message, command):
+    """What a launcher (torchrun) sets, partly or wrongly (issue 49): refused before any rank starts or waits."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    refused(main, command, capsys, scratch, message)

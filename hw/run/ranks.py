@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -189,9 +189,42 @@ def require_gpus(count: int, cpu: bool = False) -> None:
                           "(pass --cpu to run the ranks on the CPU)")
 
 
+def launched_rank(env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+    """(rank, world size) where torchrun (or another launcher) started this process as one rank of a group, None
+    where nothing did; one clear error naming the variable where the launcher's environment is partial, malformed or
+    inconsistent (hw would otherwise start its own ranks beside a launcher's, or hang at its rendezvous)."""
+    given = [v for v in ("RANK", "WORLD_SIZE") if v in env]
+    if not given:
+        return None
+    if len(given) == 1:
+        missing = "WORLD_SIZE" if given == ["RANK"] else "RANK"
+        raise ParsimError(f"{given[0]} is set but {missing} is not: a launcher such as torchrun sets both; unset "
+                          f"{given[0]} to let hw start its own ranks")
+    rank, world = _env_whole(env, "RANK", 0), _env_whole(env, "WORLD_SIZE", 1)
+    if rank >= world:
+        raise ParsimError(f"RANK {rank} is not below WORLD_SIZE {world}: each rank of a launcher's group is 0 .. "
+                          "WORLD_SIZE - 1")
+    if "LOCAL_RANK" in env:
+        _env_whole(env, "LOCAL_RANK", 0)
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not env.get(name, "").strip():
+            raise ParsimError(f"{name} is not set: under a launcher (RANK and WORLD_SIZE set) each rank joins the "
+                              "group at MASTER_ADDR:MASTER_PORT, which the launcher sets")
+    _env_whole(env, "MASTER_PORT", 1, 65535)
+    return rank, world
+
+
+def _env_whole(env: Mapping[str, str], name: str, lo: int, hi: int = 1 << 31) -> int:
+    """An environment variable's whole number in [lo, hi], or one clear error naming it."""
+    text = env[name].strip()
+    if not text.isdigit() or not lo <= int(text) <= hi:
+        raise ParsimError(f"{name}={env[name]!r} in the environment: expected a whole number from {lo} to {hi:,}")
+    return int(text)
+
+
 def under_torchrun() -> bool:
-    """Whether torchrun (or another launcher) started this process as one rank of a group."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Whether torchrun (or another launcher) started this process as one rank of a group (launched_rank)."""
+    return launched_rank() is not None
 
 
 def spawn(fn: Callable, world: int, args: tuple = (), device: str = "cpu", timeout_s: float = 60.0,
@@ -252,7 +285,9 @@ def as_torchrun_rank(fn: Callable, world: int, args: tuple, device: str, timeout
     exits with an error, and torchrun with non-zero status.
     """
     default_signals()  # torchrun's agent ends its workers with SIGTERM (then SIGKILL): end at once, as it expects
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    launched = launched_rank()
+    assert launched is not None, "spawn runs this under a launcher only"
+    rank, size = launched
     if size != world:
         raise ParsimError(f"torchrun started {size} processes but this run needs {world}; "
                           f"pass --nproc-per-node {world} (times the number of nodes)")
