@@ -37,6 +37,8 @@ def test_measure_on_cpu_prints_the_documented_json(tmp_path):
         assert sorted(names) == sorted(f"{op}(s{rank['rank']},m{i})" for op in "FB" for i in range(2)), names
         assert all(0 <= start <= end for _, start, end in rank["actions"])
         assert [end for _, _, end in rank["actions"]] == sorted(end for _, _, end in rank["actions"])
+    # stderr is a pipe here, no terminal: nothing of the profiler's own logging there (torch 2.13's "USDT: ...")
+    assert "USDT:" not in r.stderr and "STAGE:" not in r.stderr and "profiler_" not in r.stderr, r.stderr
     for rank, path in enumerate((trace, tmp_path / "trace.rank1.json")):  # every rank profiles its own step
         labels = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["name"].startswith("hw:")}
         assert {f"hw:F(s{rank},m0)", f"hw:B(s{rank},m1)"} <= labels, labels  # each action, named as parsim does

@@ -19,8 +19,8 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -322,15 +322,42 @@ class ProfilerLabels:
             self.open.pop(action).__exit__(None, None, None)
 
 
+@contextmanager
+def native_stderr_quiet() -> Iterator[None]:
+    """File descriptor 2 on /dev/null while the block runs, where stderr is no terminal: the profiler's C++ side
+    (Kineto) logs its start and stop there, below any Python or environment setting (torch 2.13's "USDT: ...
+    profiler_start"), and a log or a pipe should hold what hw says, not that."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        yield
+        return
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _profile_one_step(one_step: Stepper, device: torch.device, path: str, token: str = "") -> None:
     """A torch.profiler Chrome trace of one more step, its actions labelled (ProfilerLabels), written to
     staged_trace (moved into place by keep_traces), or without a token, atomically into place."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    with native_stderr_quiet():
+        prof.start()
+    try:
         one_step(ProfilerLabels())
         sync(device)
+    finally:
+        with native_stderr_quiet():
+            prof.stop()
     tmp = staged_trace(path, token or str(os.getpid()))
     prof.export_chrome_trace(tmp)
     if not token:
