@@ -1,5 +1,5 @@
 """Recomputation (parsim.workload.recompute): the step and memory against closed forms, both engines alike, the
-calibrated host cost, the commands' flags, and hw's runner recomputing on the CPU with the same gradients."""
+calibrated host cost, the commands' flags (the engines with recomputation on random steps: tests/test_shortcuts.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ from dataclasses import replace
 import pytest
 from clirun import one_error_line, run
 from conftest import equal_stages, make_profile
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_shortcuts import steps
 
 from parsim.cli import main
 from parsim.schedules import build
@@ -51,22 +48,6 @@ def test_both_engines_agree_to_the_bit_with_recomputation(name, p, m, mode):
     machine = simulate(schedule, costs, profile, recompute=mode, engine="events")
     assert walked.step_time_s == machine.step_time_s
     assert walked.busy_s == machine.busy_s
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(step=steps(), mode=st.sampled_from(["except-last", "always"]), calibrated=st.booleans())
-def test_recomputation_gives_the_machines_step_on_every_path(step, mode, calibrated):
-    """Random schedules, runtimes, replicas and sharing rates (test_shortcuts' steps), recomputed: the walk, its
-    sharing rounds and its alike replicas give the event-driven machine's step and busy times, to the bit."""
-    if step is None:
-        return
-    schedule, profile, costs, dp, copy = step
-    if calibrated:
-        profile = replace(profile, host=replace(profile.host, recompute_call_s=7e-4, recompute_s=3e-4))
-    fast = simulate(schedule, costs, profile, copy, dp, recompute=mode)
-    slow = simulate(schedule, costs, profile, copy, dp, engine="events", recompute=mode)
-    assert fast.step_time_s == slow.step_time_s
-    assert fast.busy_s == slow.busy_s
 
 
 @pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 0.0), (500e-6, 40e-6)])

@@ -20,6 +20,7 @@ from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.longest_path import replicas_alike, settle_step
 from parsim.sim.predict import StepAbove, simulate
 from parsim.workload import StageCost, Work
+from parsim.workload.recompute import MODES
 
 CASES = [(runtime, name) for runtime in sorted(RUNTIMES) for name in RUNTIMES[runtime].schedules()]
 
@@ -58,14 +59,18 @@ def steps(draw):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(step=steps())
-def test_every_shortcut_gives_the_machines_step_with_every_replica(step):
-    """The step and each GPU's busy time, to the bit (stronger than the 1e-9 relative asked of a shortcut)."""
+@given(step=steps(), recompute=st.sampled_from(MODES), calibrated=st.booleans())
+def test_every_shortcut_gives_the_machines_step_with_every_replica(step, recompute, calibrated):
+    """The step and each GPU's busy time, to the bit (stronger than the 1e-9 relative asked of a shortcut), with
+    recomputation too (its forwards priced by a calibrated host cost, or by their launches)."""
     if step is None:
         return
     schedule, profile, costs, dp, copy = step
-    fast = simulate(schedule, costs, profile, copy, dp)
-    slow = simulate(schedule, costs, profile, copy, dp, engine="events")
+    if calibrated:
+        profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, recompute_call_s=7e-4,
+                                                                          recompute_s=3e-4))
+    fast = simulate(schedule, costs, profile, copy, dp, recompute=recompute)
+    slow = simulate(schedule, costs, profile, copy, dp, engine="events", recompute=recompute)
     assert fast.step_time_s == slow.step_time_s
     assert fast.busy_s == slow.busy_s
 
