@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 
-# First, before the imports below (torch's among them): Ctrl-C ends a command that has not started yet at once and
-# quietly, as SIGTERM and SIGHUP do (the shell reports 130); parsim.cli.run_command's handling takes over after.
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+if __name__ == "__main__":  # `python -m hw`, not an import of main (the tests'): leave their process's handler be
+    # First, before the imports below (torch's among them): Ctrl-C ends a command that has not started yet at once
+    # and quietly, as SIGTERM and SIGHUP do (the shell reports 130); parsim.cli.run_command's handling takes over.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
