@@ -24,7 +24,7 @@ from parsim.inputs import MAX_SIZE, read_text
 from parsim.profile import Profile
 from parsim.runtimes import Runtime, get_runtime
 from parsim.sim.predict import Prediction
-from parsim.workload import Model, microbatch_tokens, model_from_spec, model_label, rank_peak_bytes
+from parsim.workload import Model, model_from_spec, model_label, peak_bytes
 from parsim.workload.recompute import MODES
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
@@ -242,8 +242,8 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
             p = replace(p, runtime=runtime)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
-        peak = p.predicted_peak_bytes or max(rank_peak_bytes(p.workload(), prepared.schedule, microbatch_tokens(
-            p.workload(), p.microbatches, p.data_parallel), "none", p.recompute))
+        peak = p.predicted_peak_bytes or peak_bytes(p.workload(), prepared.schedule, p.data_parallel, "none",
+                                                    p.recompute)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out

@@ -35,11 +35,12 @@ from parsim.interrupts import default_signals, die_with_parent
 from parsim.profile import Profile
 from parsim.runtimes import RUNTIMES, Runtime
 from parsim.runtimes.eager import EAGER
-from parsim.schedules import VIRTUAL, Op, Schedule
+from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.predict import Prediction, StepAbove
-from parsim.workload import Model, StageCost, microbatch_tokens, partitioned, rank_peak_bytes, stage_costs, stage_layers
+from parsim.workload import Model, StageCost, partitioned, peak_bytes, stage_costs, stage_layers
+from parsim.workload.recompute import splits_backward
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
 SPLITS = {"equal": ("equal",), "time": ("time",), "both": ("equal", "time")}
@@ -117,21 +118,13 @@ def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank:
     return held
 
 
-def memory_bytes(schedule: Schedule, model: Model, data_parallel: int = 1, optimizer: str = "adam",
-                 recompute: str = "never") -> int:
-    """The most any one GPU needs for `model` split across `schedule`'s stages (parsim.workload.memory, with
-    the optimizer's state, recomputed as `recompute` says): what plan screens and reports."""
-    samples = microbatch_tokens(model, schedule.num_microbatches, data_parallel)
-    return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute))
-
-
 RECOMPUTE_ORDER = ("except-last", "always")  # what plan tries where a configuration does not fit: the cheaper first
 
 
 def can_recompute(runtime: str, schedule: Schedule) -> bool:
     """Whether plan may offer `schedule` recomputed: run by hw's runner (the runtime hw recomputes under, whose host
     cost calibrate measures), its backward not split (hw.run.stage_runner.check_recompute)."""
-    return runtime == "hw" and not any(a.op == Op.BACKWARD_INPUT for acts in schedule.actions for a in acts)
+    return runtime == "hw" and not splits_backward(schedule)
 
 
 def microbatch_counts(tokens: int, gpus: int, most: int = 256) -> list[int]:
@@ -261,11 +254,11 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
         prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-    memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer)
+    memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer)
     if recompute and memory_limit_bytes is not None and memory > memory_limit_bytes \
             and can_recompute(shape.runtime, prepared.schedule):
         for mode in RECOMPUTE_ORDER:  # over the limit even so: the last, the least memory, is what it is shown with
-            memory = memory_bytes(prepared.schedule, prepared.model, shape.data_parallel, optimizer, mode)
+            memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, mode)
             prepared = replace(prepared, config=replace(prepared.config, recompute=mode))
             if memory <= memory_limit_bytes:
                 break

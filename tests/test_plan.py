@@ -17,7 +17,6 @@ from parsim.plan import (
     candidates,
     costed_runtimes,
     evaluate,
-    memory_bytes,
     params_per_gpu,
     plan,
     rank_key,
@@ -29,7 +28,7 @@ from parsim.runtimes import RUNTIMES
 from parsim.runtimes.torch_pipelining import TORCH
 from parsim.schedules import VIRTUAL, build
 from parsim.sim.predict import predict
-from parsim.workload import mlp_model
+from parsim.workload import mlp_model, peak_bytes
 
 MODEL = mlp_model(layers=8, hidden=64, tokens=256)
 
@@ -243,7 +242,7 @@ def test_plan_offers_recomputation_where_it_alone_fits_a_configuration():
     kept = evaluate(next(s for s in shapes(MODEL, 2, profile, [RUNTIMES["hw"]], ["gpipe"], 8)
                          if s.microbatches == 8 and s.data_parallel == 1), MODEL, profile)
     redone = dataclasses.replace(kept, recompute="always")
-    limit = (memory_bytes(build("gpipe", 2, 8), MODEL, 1, "adam", "always") + kept.memory_bytes) / 2
+    limit = (peak_bytes(MODEL, build("gpipe", 2, 8), 1, "adam", "always") + kept.memory_bytes) / 2
     found = search(MODEL, 2, profile, limit, ["gpipe"], runtimes=[RUNTIMES["hw"]], max_microbatches=8)
     offered = {c.label: c for c in found.fits}
     assert "gpipe m=8, recompute except-last" in offered or "gpipe m=8, recompute always" in offered
@@ -254,4 +253,4 @@ def test_plan_offers_recomputation_where_it_alone_fits_a_configuration():
     plain = search(MODEL, 2, profile, limit, ["gpipe"], runtimes=[RUNTIMES["hw"]], max_microbatches=8, recompute=False)
     assert all(c.recompute == "never" for c in plain.fits) and "gpipe m=8" not in {c.label for c in plain.fits}
     assert all(c.recompute == "never" for c in found.fits if c.memory_bytes <= limit and
-               memory_bytes(build("gpipe", 2, c.microbatches), MODEL) <= limit)
+               peak_bytes(MODEL, build("gpipe", 2, c.microbatches)) <= limit)

@@ -41,8 +41,12 @@ def fit_affine(work: Sequence[float], seconds: Sequence[float]) -> Fit:
     sol = least_squares(residuals, x0=[t.min() / 2, slope0], bounds=([0, 1e-30], [np.inf, np.inf]))
     fixed, per_unit = sol.x
     pred = fixed + w * per_unit
-    r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
-    return Fit(float(fixed), float(1 / per_unit), float(r2), float(np.max(np.abs(pred / t - 1))))
+    return Fit(float(fixed), float(1 / per_unit), r_squared(t, pred), float(np.max(np.abs(pred / t - 1))))
+
+
+def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """The share of the measurements' variance a fit explains (1 - residual / total sum of squares)."""
+    return float(1 - np.sum((measured - predicted) ** 2) / max(np.sum((measured - measured.mean()) ** 2), 1e-300))
 
 
 WEIGHT_GRAD_FLOOR = 0.05  # of a sample's backward: below it, its weight-grad part is timing noise

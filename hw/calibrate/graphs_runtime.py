@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from scipy.optimize import least_squares
 
-from hw.calibrate.fit import Fit, fit_affine
+from hw.calibrate.fit import Fit, fit_affine, r_squared
 from hw.calibrate.host import host_stage
 from hw.calibrate.stage_probe import LEAD_CYCLES, stage_layers
 from hw.nets.blocks import MlpBlock
@@ -162,8 +162,7 @@ def fit_scales(points: list[tuple[float, float, float]]) -> ScaleFit:
 
     sol = least_squares(residuals, x0=[1.0, 1.0], bounds=([0.0, 1e-6], [np.inf, np.inf]))
     pred = sol.x[0] * fixed + sol.x[1] * flops
-    r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
-    return ScaleFit(float(sol.x[0]), float(sol.x[1]), float(r2), float(np.max(np.abs(pred / t - 1))))
+    return ScaleFit(float(sol.x[0]), float(sol.x[1]), r_squared(t, pred), float(np.max(np.abs(pred / t - 1))))
 
 
 def gpu_fits(rows: list[dict], profile: Profile) -> dict[str, ScaleFit]:

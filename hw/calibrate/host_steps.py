@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from hw.calibrate.fit import Fit
+from hw.calibrate.fit import Fit, r_squared
 from hw.calibrate.host import host_stage
 from hw.measure.steps import Config, Job, measure_turns, on_rank
 from parsim.runtimes.torch_pipelining import TORCH
@@ -101,8 +101,8 @@ def quality(params: np.ndarray, rows: list[dict], grad_add_s: float = 0.0) -> Fi
     and the worst relative residual."""
     x, t, saved = _terms(plain(rows), grad_add_s)
     pred = x @ params - saved
-    r2 = 1 - np.sum((t - pred) ** 2) / max(np.sum((t - t.mean()) ** 2), 1e-300)
-    return Fit(float(params[1]), 1 / max(float(params[2]), 1e-30), float(r2), float(np.max(np.abs(pred / t - 1))))
+    return Fit(float(params[1]), 1 / max(float(params[2]), 1e-30), r_squared(t, pred),
+               float(np.max(np.abs(pred / t - 1))))
 
 
 @dataclass(frozen=True)
@@ -157,9 +157,8 @@ def fit_recompute(rows: list[dict]) -> Recompute | None:
     sol = least_squares(lambda p: (x @ p - excess) / scale, x0=np.full(2, max(excess.mean(), 1e-9) / x.sum(1).max()),
                         bounds=(0, np.inf))
     pred = x @ sol.x
-    r2 = 1 - np.sum((excess - pred) ** 2) / max(np.sum((excess - excess.mean()) ** 2), 1e-300)
     worst = float(np.max(np.abs(pred - excess) / scale))
-    fit = Fit(float(sol.x[0]), 1 / max(float(sol.x[1]), 1e-30), float(r2), worst)
+    fit = Fit(float(sol.x[0]), 1 / max(float(sol.x[1]), 1e-30), r_squared(excess, pred), worst)
     return Recompute(float(sol.x[0]), float(sol.x[1]), fit)
 
 

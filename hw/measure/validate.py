@@ -46,7 +46,7 @@ from parsim.interrupts import Stopped, note
 from parsim.profile import Profile, load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
-from parsim.workload import MODEL_SPECS, Model, microbatch_tokens, model_from_spec, model_spec, rank_peak_bytes
+from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec, peak_bytes
 from parsim.workload.recompute import MODES
 
 
@@ -176,7 +176,6 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
     predicted, _ = predict(config, profile)
     c = measured["config"]
     measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
-    samples = microbatch_tokens(model, s.num_microbatches, job.data_parallel)
     return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
             "layers": len(model.layers), "hidden": model.layers[0].hidden, "tokens": model.tokens,  # for old readers
             "measured_s": measured["step_time_s"],
@@ -185,7 +184,7 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
-            "predicted_peak_bytes": max(rank_peak_bytes(model, s, samples, "none", job.recompute)),
+            "predicted_peak_bytes": peak_bytes(model, s, job.data_parallel, "none", job.recompute),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
             "runtime": job.runtime, "host_probe_s": probe_s, "recompute": job.recompute,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}

@@ -21,7 +21,7 @@ from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
 from parsim.workload import Model, microbatch_tokens, stage_layers
-from parsim.workload.recompute import check_mode, recomputes
+from parsim.workload.recompute import check_mode, recomputes, splits_backward
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
 
@@ -338,7 +338,7 @@ class StageRunner:
 def check_recompute(schedule: Schedule, recompute: str) -> str:
     """The mode, or one clear error where hw's runner cannot recompute `schedule`: one that splits its backward
     (its W needs the module outputs the forward captured, which a checkpointed forward does not keep)."""
-    if check_mode(recompute) != "never" and any(a.op == Op.BACKWARD_INPUT for acts in schedule.actions for a in acts):
+    if check_mode(recompute) != "never" and splits_backward(schedule):
         raise ParsimError(f"hw's runner recomputes whole backwards only: {schedule.name} splits its backward, "
                           "and its W needs the outputs its forward captured")
     return recompute

@@ -11,7 +11,7 @@ from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios.base import ScenarioResult
-from parsim.workload import Model, conv_model, microbatch_tokens, mlp_model, rank_peak_bytes
+from parsim.workload import Model, conv_model, mlp_model, peak_bytes
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,5 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
         prepared = prepare(p.configuration(model, runtime.name), profile)
         figures[p.figure] = prepared.predict()[0].step_time_s
         if scenario.memory:  # what hw measures: weights, the step's gradients, activations and working memory
-            samples = microbatch_tokens(prepared.model, p.microbatches)
-            figures[peak_figure(p.figure)] = max(rank_peak_bytes(prepared.model, prepared.schedule, samples, "none",
-                                                                 p.recompute))
+            figures[peak_figure(p.figure)] = peak_bytes(prepared.model, prepared.schedule, 1, "none", p.recompute)
     return ScenarioResult(scenario.name, scenario.figures(figures), scenario.headline, scenario.description)

@@ -379,15 +379,15 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
     """
     forward, weight, m = ActionOp.FORWARD, ActionOp.BACKWARD_WEIGHT, schedule.num_microbatches
     inputs = input_bytes or [0] * len(stash_bytes)
-    redo = recompute != "never"
+    redone = [recomputes(recompute, mb, m) for mb in range(m)]  # by micro-batch
     peaks = []
     for acts in schedule.actions:
         held = peak = 0
         for kind, stage, mb in acts:  # unpacked, not read by name: this sees every action
             stash = stash_bytes[stage]
             if kind == forward:
-                held += inputs[stage] if redo and recomputes(recompute, mb, m) else stash
-            elif redo and kind in RECOMPUTING_OPS and recomputes(recompute, mb, m):
+                held += inputs[stage] if redone[mb] else stash
+            elif redone[mb] and kind in RECOMPUTING_OPS:
                 held += stash - inputs[stage]  # rebuilt for the backward
             if held > peak:
                 peak = held

@@ -27,7 +27,7 @@ from parsim.workload.costs import (
     stand_ins,
 )
 from parsim.workload.layers import KINDS, Kind, Layer, Part
-from parsim.workload.memory import OPTIMIZERS, rank_peak_bytes
+from parsim.workload.memory import OPTIMIZERS, peak_bytes, rank_peak_bytes
 from parsim.workload.models import (
     CONV_DEFAULTS,
     MODEL_FILE,
@@ -48,5 +48,5 @@ __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "La
            "TransformerShape", "Work", "check_balance", "check_stages", "config_model", "conv_model",
            "gradient_adds", "layer_times", "layer_works", "load_model", "microbatch_tokens", "mlp_model",
            "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition", "stand_ins",
-           "partition_by_time", "partitioned", "poor_fits", "preset_model",
+           "partition_by_time", "partitioned", "peak_bytes", "poor_fits", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from parsim.errors import ModelError
 from parsim.schedules import Action, Op, Schedule
+from parsim.workload.costs import microbatch_tokens
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
 from parsim.workload.recompute import RECOMPUTING_OPS, check_mode, recomputes
@@ -75,6 +76,14 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
                      for s in mine for i in ids_of[s])
         peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo))
     return peaks
+
+
+def peak_bytes(model: Model, schedule: Schedule, data_parallel: int = 1, optimizer: str = "adam",
+               recompute: str = "never") -> int:
+    """The most any one GPU of `schedule` holds (rank_peak_bytes), its micro-batches the batch split over
+    `data_parallel` replicas and the schedule's micro-batches: what plan screens and hw validate predicts."""
+    samples = microbatch_tokens(model, schedule.num_microbatches, data_parallel)
+    return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute))
 
 
 def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: list[int], last: int,

@@ -30,6 +30,12 @@ def recomputes(mode: str, microbatch: int, microbatches: int) -> bool:
     return mode == "always" or (mode == "except-last" and microbatch < microbatches - 1)
 
 
+def splits_backward(schedule: Schedule) -> bool:
+    """Whether some backward of `schedule` runs as input-grad and weight-grad apart: hw's runner recomputes whole
+    backwards only (a W needs the module outputs its forward captured, which a checkpointed forward does not keep)."""
+    return any(a.op == Op.BACKWARD_INPUT for acts in schedule.actions for a in acts)
+
+
 def recomputing_actions(schedule: Schedule, mode: str) -> list[Action]:
     """The backward actions (B, or I where the backward is split) that run their micro-batch's forward again."""
     if check_mode(mode) == "never":
