@@ -26,6 +26,8 @@ COMMANDS = {
                   "What does this machine cost (layers, host, links)? Writes a parsim profile."),
     "scenario": ("hw.measure.scenarios", "What does a textbook experiment measure here, beside parsim's prediction?"),
     "validate": ("hw.measure.validate", "How close are parsim's predictions to a grid of steps measured here?"),
+    "profile": ("hw.usermodel.command",
+                "What does my own model cost here, layer by layer? Writes a model file parsim predicts."),
 }
 
 

@@ -243,7 +243,7 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
         peak = p.predicted_peak_bytes or peak_bytes(p.workload(), prepared.schedule, p.data_parallel, "none",
-                                                    p.recompute)
+                                                    p.recompute, prepared.runtime.keeps_outputs)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out

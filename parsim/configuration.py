@@ -14,6 +14,7 @@ from parsim.schedules import Schedule
 from parsim.sim.predict import Prediction, Simulation, check_sizes, predict_schedule
 from parsim.workload import Model, check_balance, microbatch_tokens, partitioned, stage_layers
 from parsim.workload.recompute import check_mode
+from parsim.workload.timed import priced
 
 Partition = str | tuple[int, ...]  # "equal" layer counts, "time" (balanced by the profile), or layers per stage
 
@@ -48,7 +49,7 @@ class Prepared:
     config: Configuration
     schedule: Schedule
     runtime: Runtime
-    profile: Profile  # as given: the one-GPU baseline is hw's eager runner's
+    profile: Profile  # as given, with a profiled model's own layer costs (priced): the one-GPU baseline is hw's
 
     @cached_property
     def run_profile(self) -> Profile:
@@ -94,7 +95,7 @@ def prepare(config: Configuration, profile: Profile) -> Prepared:
     check(config)
     runtime = get_runtime(config.runtime)
     prepared = Prepared(config, runtime.build(config.schedule, config.num_ranks, config.microbatches,
-                                              config.virtual_stages), runtime, profile)
+                                              config.virtual_stages), runtime, priced(profile, config.model.layers))
     prepared.model  # noqa: B018 - split now, so that a bad split is this call's error
     return prepared
 

@@ -41,6 +41,7 @@ from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.predict import Prediction, StepAbove
 from parsim.workload import Model, StageCost, partitioned, peak_bytes, stage_costs, stage_layers
 from parsim.workload.recompute import splits_backward
+from parsim.workload.timed import priced
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
 SPLITS = {"equal": ("equal",), "time": ("time",), "both": ("equal", "time")}
@@ -254,11 +255,12 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
         prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-    memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer)
+    keeps = prepared.runtime.keeps_outputs
+    memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, keeps_outputs=keeps)
     if recompute and memory_limit_bytes is not None and memory > memory_limit_bytes \
             and can_recompute(shape.runtime, prepared.schedule):
         for mode in RECOMPUTE_ORDER:  # over the limit even so: the last, the least memory, is what it is shown with
-            memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, mode)
+            memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, mode, keeps)
             prepared = replace(prepared, config=replace(prepared.config, recompute=mode))
             if memory <= memory_limit_bytes:
                 break
@@ -297,6 +299,7 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
     those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes; a configuration
     over the limit recomputed where that fits it, if `recompute` (evaluate)."""
     start = time.perf_counter()
+    profile = priced(profile, model.layers)
     runtimes = runtimes or costed_runtimes(profile)
     every = layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
     left_out = sum(too_large(layout, gpus) for layout in every)

@@ -79,6 +79,11 @@ class LayerCosts:
     backward_input: OpCost
     backward_weight: OpCost
 
+    def host_slower(self, factor: float) -> LayerCosts:
+        """These costs with the host's time of each op times `factor`."""
+        return LayerCosts(*(replace(op, host_s=op.host_s * factor)
+                            for op in (self.forward, self.backward_input, self.backward_weight)))
+
 
 @dataclass(frozen=True)
 class HostCosts:
@@ -291,6 +296,9 @@ class Profile:
     gil: GilCosts | None = None  # optional: for the data-parallel scenario
     cpu: CpuCosts | None = None  # optional: for the hogwild scenario
     resident_comm: ResidentComm | None = None  # optional: compute beside a waiting message kernel (1.0 without)
+    # how much slower than calibrated its host costs are (with_host_slower's factors, never saved): a profiled model's
+    # own layer costs, which join the profile later (parsim.workload.timed.priced), are scaled alike
+    host_scale: float = 1.0
 
     def describe(self) -> str:
         """One line naming the profile's origin, shown with every prediction."""
@@ -311,18 +319,17 @@ class Profile:
                        after_backward_s=self.host.after_backward_s * factor, batch_s=self.host.batch_s * factor,
                        recompute_s=self.host.recompute_s * factor,
                        recompute_call_s=self.host.recompute_call_s * factor)
-        layers = {k: LayerCosts(*(replace(op, host_s=op.host_s * factor)
-                                  for op in (c.forward, c.backward_input, c.backward_weight)))
-                  for k, c in self.layers.items()}
+        layers = {k: c.host_slower(factor) for k, c in self.layers.items()}
         runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor,
                                begin_s=r.begin_s * factor, after_backward_s=r.after_backward_s * factor,
                                batch_s=r.batch_s * factor)
                     for k, r in self.runtimes.items()}
-        return replace(self, host=host, layers=layers, runtimes=runtimes)
+        return replace(self, host=host, layers=layers, runtimes=runtimes, host_scale=self.host_scale * factor)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION}
         doc.update(asdict(self))
+        del doc["host_scale"]
         for key in ("gil", "cpu", "gpu_memory_bytes", "resident_comm"):  # optional: absent, not null, where unmeasured
             if doc[key] is None:
                 del doc[key]
@@ -394,6 +401,11 @@ def _link(doc: dict[str, Any], where: str) -> LinkSpec:
                     _number(doc, "bandwidth_Bps", where), _measured(doc, where))
 
 
+def layer_costs_from_json(doc: Any, where: str) -> LayerCosts:
+    """One layer kind's costs from their JSON (a profile's "layers" entry, or a profiled model's layer's), checked."""
+    return LayerCosts(*(_op_cost(_section(doc, op, where), f"{where}.{op}") for op in LAYER_OPS))
+
+
 def _op_cost(doc: dict[str, Any], where: str) -> OpCost:
     return OpCost(_number(doc, "host_s", where, positive=False),
                   _number(doc, "fixed_s", where, positive=False), _number(doc, "flops_per_s", where),
@@ -435,7 +447,7 @@ def from_json(doc: Any, origin: str = "profile") -> Profile:
     layers = {}
     for kind, costs in _section(doc, "layers", origin).items():
         where = f"{origin}.layers.{kind}"
-        layers[kind] = LayerCosts(*(_op_cost(_section(costs, op, where), f"{where}.{op}") for op in LAYER_OPS))
+        layers[kind] = layer_costs_from_json(costs, where)
     if not layers:
         raise ProfileError(f"{origin}.layers is empty: the profile costs no layer kind")
     meta = _meta(doc.get("meta", {}), f"{origin}.meta")

@@ -184,7 +184,8 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
-            "predicted_peak_bytes": peak_bytes(model, s, job.data_parallel, "none", job.recompute),
+            "predicted_peak_bytes": peak_bytes(model, s, job.data_parallel, "none", job.recompute,
+                                               get_runtime(job.runtime).keeps_outputs),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
             "runtime": job.runtime, "host_probe_s": probe_s, "recompute": job.recompute,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}

@@ -10,7 +10,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from hw.nets.transformer import lm_loss, transformer_module
+from hw.usermodel.sources import loss_of, user_layer
 from parsim.workload import Decoder, Embedding, Head, Layer, Model, stage_layers
+from parsim.workload.timed import TimedLayer
 
 
 class MlpBlock(nn.Module):
@@ -68,12 +70,20 @@ def layer_module(layer: Layer | Decoder | Embedding | Head) -> nn.Module:
 
 
 def loss_for(model: Model) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The loss on the last stage's output: cross-entropy on a transformer's logits, else mean squared error."""
+    """The loss on the last stage's output: cross-entropy on a transformer's logits, a profiled model's own (see
+    hw.usermodel.sources.loss_of), else mean squared error."""
+    last = model.layers[-1]
+    if isinstance(last, TimedLayer):
+        return loss_of(last.source)
     return lm_loss if isinstance(model.layers[-1], Head) else F.mse_loss
 
 
 def build_layer(model: Model, index: int, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
-    """Layer `index` of `model`, drawn from its own seed: a stage builds only its layers, on its device."""
+    """Layer `index` of `model`, drawn from its own seed: a stage builds only its layers, on its device (a profiled
+    model's layer is copied from the whole model, built once per process from `seed`)."""
+    layer = model.layers[index]
+    if isinstance(layer, TimedLayer):
+        return user_layer(layer.source, index, seed, device)
     torch.manual_seed(seed * 1_000_003 + index)
     with torch.device(device):
         return layer_module(model.layers[index])

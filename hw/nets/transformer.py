@@ -157,8 +157,9 @@ class LMHead(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of next-token logits (b, s, V) against target ids (b, s), on fp32 logits."""
-    return F.cross_entropy(logits.to(_acc(logits.dtype)).flatten(0, 1), targets.flatten())
+    """Mean cross-entropy of logits (..., V) against target ids (...): next tokens (b, s), or image classes (b,); on
+    fp32 logits."""
+    return F.cross_entropy(logits.to(_acc(logits.dtype)).flatten(0, -2), targets.flatten())
 
 
 def transformer_module(layer: Decoder | Embedding | Head) -> nn.Module:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hw.nets.blocks import loss_for
 from hw.run.ranks import release_unused
 from hw.run.stage_runner import (
     RECEIVES,
@@ -500,8 +501,8 @@ def graphs_runner(schedule: Schedule, model: Model, rank: int, device: torch.dev
     channels, _ = made
     release_unused(device)
     stages = stage_modules(model, schedule, rank, device, dtype)
-    runner = GraphRunner(schedule, rank, stages, channels[0], graph_maker(device), copy_streams=copy_streams,
-                         whole_step=whole_step)
+    runner = GraphRunner(schedule, rank, stages, channels[0], graph_maker(device), loss_for(model),
+                         copy_streams=copy_streams, whole_step=whole_step)
     runner.prepare(replica_batch(model, schedule, 0, 1, device, dtype))
     return runner, stages, 0
 
@@ -518,7 +519,7 @@ def local_graph_runner(model: Model, schedule: Schedule, device: torch.device, d
     """executor.local_runner's graphed twin: a one-rank schedule's GraphRunner on this device, captured, and its
     batch (calibrate's probes, scripts/graphs_gpu_check.py)."""
     runner = GraphRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {}, graph_maker(device),
-                         whole_step=whole_step)
+                         loss_for(model), whole_step=whole_step)
     io = split_batch(*make_batch(model, device, dtype), schedule.num_microbatches,
                      stage_shapes(model, schedule.num_stages))
     runner.prepare(io)

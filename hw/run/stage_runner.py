@@ -17,11 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hw.usermodel.sources import timed_batch
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
 from parsim.workload import Model, microbatch_tokens, stage_layers
 from parsim.workload.recompute import check_mode, recomputes, splits_backward
+from parsim.workload.timed import TimedLayer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
 
@@ -376,6 +378,8 @@ def make_batch(model: Model, device: torch.device, dtype: torch.dtype, seed: int
     transformer's embedding and out of its head."""
     g = torch.Generator().manual_seed(seed)
     first, last = model.layers[0], model.layers[-1]
+    if isinstance(first, TimedLayer):
+        return timed_batch(first.source, first.in_shape, last.out_shape, model.tokens, g, device, dtype)
     x = (torch.randint(first.shape.vocab, (model.tokens, *first.in_shape), generator=g) if first.kind == "embed"
          else torch.randn((model.tokens, *first.in_shape), generator=g).to(dtype=dtype))
     y = (torch.randint(last.shape.vocab, (model.tokens, last.shape.seq), generator=g) if last.kind == "head"

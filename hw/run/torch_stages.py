@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hw.run.stage_runner import Groups, StepIO, stage_modules
+from hw.nets.blocks import loss_for
+from hw.run.stage_runner import Groups, LossFn, StepIO, stage_modules
 from parsim.errors import ParsimError
 from parsim.runtimes.torch_pipelining import CLASSES
 from parsim.schedules import Action, Op, Schedule, act
@@ -29,14 +30,15 @@ Observe = Callable[[Action, str], None]
 class TorchRunner:
     """One rank's stages as torch's PipelineStages, stepped by the torch schedule class `schedule` names.
 
-    Each micro-batch's loss is hw's runner's (mean squared error times its share of the batch's rows), summed
+    Each micro-batch's loss is hw's runner's (the model's loss, hw.nets.blocks.loss_for, times its share of the
+    batch's rows), summed
     over micro-batches with torch's gradient scaling off, so the loss and every gradient equal one device's.
     """
 
     pins_host = False  # timed as people run it: hw's host-thread pinning (hw.run.ranks.host_pinned) is hw's runner's
 
     def __init__(self, schedule: Schedule, stages: dict[int, nn.Module], device: torch.device,
-                 group: dist.ProcessGroup | None):
+                 group: dist.ProcessGroup | None, loss_fn: LossFn = nn.functional.mse_loss):
         if schedule.name not in CLASSES:
             raise ParsimError(f"the torch runtime runs torch's schedule classes ({', '.join(CLASSES)}), "
                               f"not {schedule.name!r}")
@@ -50,6 +52,7 @@ class TorchRunner:
         for stage in self.piped:
             _observe_computes(stage, self)
         self.observe: Observe | None = None
+        self.loss_fn = loss_fn
         self.first, self.last = 0 in stages, schedule.num_stages - 1 in stages
         self.total_rows = 0
         ours = self.piped[0] if issubclass(cls, PipelineScheduleSingle) else self.piped
@@ -58,8 +61,8 @@ class TorchRunner:
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """hw's runner's loss of one micro-batch: its mean squared error weighted by its share of the batch."""
-        return nn.functional.mse_loss(output, target) * (output.shape[0] / self.total_rows)
+        """hw's runner's loss of one micro-batch, weighted by its share of the batch."""
+        return self.loss_fn(output, target) * (output.shape[0] / self.total_rows)
 
     def _whole(self, io: StepIO) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole batch, as torch's step takes it (it splits it itself); joined once per StepIO."""
@@ -82,6 +85,8 @@ class TorchRunner:
             self.torch_schedule.step(*args, **kwargs)
         finally:
             self.observe = None
+            for stage in self.piped:  # the outputs step() merged and returned: a caller keeps what it needs of them
+                stage.output_chunks.clear()
         return torch.stack(losses).detach().sum() if losses else None
 
 
@@ -125,7 +130,7 @@ def torch_runner(schedule: Schedule, model: Model, rank: int, device: torch.devi
     """This rank's TorchRunner, its stages (the same modules and weights as hw's runner's) and its replica (0)."""
     refuse(data_parallel, copy_streams)
     stages = stage_modules(model, schedule, rank, device, dtype)
-    return TorchRunner(schedule, stages, device, made), stages, 0
+    return TorchRunner(schedule, stages, device, made, loss_for(model)), stages, 0
 
 
 def refuse(data_parallel: int, copy_streams: bool) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import lzma
 import math
 import random
 import statistics
@@ -83,6 +84,12 @@ class LaunchMeter:
             return tuple((x - x0) / self.launches for x, x0 in zip((t, *counters), self.mark))
         return None
 
+
+
+def run_json(folder: Path) -> dict:
+    """A run folder's data-parallel.json, or its xz-compressed copy (data/interfaces keeps the large ones so)."""
+    plain = folder / "data-parallel.json"
+    return json.loads(plain.read_text() if plain.exists() else lzma.open(f"{plain}.xz", "rt").read())
 
 def simulate(threads, segs, c_h, l_h, theta=THETA_S, launches=3000, seed=1):
     """Time per launch of all `threads` threads, each running the cycle `segs` [(held_s, free_s)], and the GIL's
@@ -176,7 +183,7 @@ def load_release_probes(path):
 
 
 def load_day1(folder):
-    run = json.loads((folder / "data-parallel.json").read_text())
+    run = run_json(folder)
     cal = run["raw"].get("calibration")
     where = "raw.calibration (the experiment's rounds)"
     if cal is None:

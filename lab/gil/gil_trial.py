@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import lzma
 import random
 import statistics
 import sys
@@ -52,6 +53,12 @@ POST_SHARES = (0.25, 0.5)
 LAUNCHES = 160
 GRID_S = tuple(x * 1e-6 for x in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))  # the curve's idle nodes, flat beyond
 
+
+
+def run_json(folder: Path) -> dict:
+    """A run folder's data-parallel.json, or its xz-compressed copy (data/interfaces keeps the large ones so)."""
+    plain = folder / "data-parallel.json"
+    return json.loads(plain.read_text() if plain.exists() else lzma.open(f"{plain}.xz", "rt").read())
 
 def simulate(threads: int, segs: list[tuple[float, float]], lam, launches: int = LAUNCHES,
              order: str = "fifo", seed: int = 1) -> tuple[float, list]:
@@ -157,7 +164,7 @@ def read_curve(probe, held, released, post_share, releases, order="fifo"):
 def probes(path: Path) -> tuple[dict, dict, str]:
     """(the probes, the run, where the probes come from) for a run folder or its data-parallel.json."""
     folder = path if path.is_dir() else path.parent
-    run = json.loads((folder / "data-parallel.json").read_text())
+    run = run_json(folder)
     cal = run["raw"].get("calibration")
     if cal is not None:
         launch, source = run["calibrated"]["gil"]["launch_s"], "the experiment's rounds"

@@ -22,6 +22,7 @@ class Runtime(ABC):
     name: str
     summary: str  # one line for --help and reports
     copy_streams: bool = False  # it posts messages as hw's runner does, so hw's copy streams apply
+    keeps_outputs: bool = False  # its last stage keeps every micro-batch's output until the step ends
 
     @abstractmethod
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,

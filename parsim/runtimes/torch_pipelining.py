@@ -59,6 +59,7 @@ class TorchPipelining(Runtime):
 
     name = "torch"
     summary = f"torch.distributed.pipelining's schedule classes and runtime (torch {TORCH_VERSION})"
+    keeps_outputs = True  # PipelineStage.output_chunks: the last stage's outputs, merged and returned by step()
 
     def schedules(self) -> tuple[str, ...]:
         return tuple(sorted(CLASSES))

@@ -117,5 +117,6 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
         prepared = prepare(p.configuration(model, runtime.name), profile)
         figures[p.figure] = prepared.predict()[0].step_time_s
         if scenario.memory:  # what hw measures: weights, the step's gradients, activations and working memory
-            figures[peak_figure(p.figure)] = peak_bytes(prepared.model, prepared.schedule, 1, "none", p.recompute)
+            figures[peak_figure(p.figure)] = peak_bytes(prepared.model, prepared.schedule, 1, "none", p.recompute,
+                                                        prepared.runtime.keeps_outputs)
     return ScenarioResult(scenario.name, scenario.figures(figures), scenario.headline, scenario.description)

@@ -370,9 +370,11 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
 
 
 def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str = "never",
-                    input_bytes: list[int] | None = None) -> list[int]:
+                    input_bytes: list[int] | None = None, kept_output_bytes: int = 0) -> list[int]:
     """Per rank, the most activation bytes its stages hold at once, read off its program order; a recomputed
-    micro-batch holds its stage's input (`input_bytes`) until its backward rebuilds the stash.
+    micro-batch holds its stage's input (`input_bytes`) until its backward rebuilds the stash; each forward of the
+    last stage keeps `kept_output_bytes` to the step's end, where they are merged into one more copy (a runtime that
+    returns the outputs: torch's).
 
     A rank with several stages holds less than the sum of their peaks where those do not coincide
     (ZB-V's two stages peak at 2p+1 chunk-micro-batches together, but hold at most 2p at once).
@@ -380,18 +382,20 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
     forward, weight, m = ActionOp.FORWARD, ActionOp.BACKWARD_WEIGHT, schedule.num_microbatches
     inputs = input_bytes or [0] * len(stash_bytes)
     redone = [recomputes(recompute, mb, m) for mb in range(m)]  # by micro-batch
+    last = schedule.num_stages - 1
     peaks = []
     for acts in schedule.actions:
         held = peak = 0
         for kind, stage, mb in acts:  # unpacked, not read by name: this sees every action
             stash = stash_bytes[stage]
             if kind == forward:
-                held += inputs[stage] if redone[mb] else stash
+                held += (inputs[stage] if redone[mb] else stash) + (kept_output_bytes if stage == last else 0)
             elif redone[mb] and kind in RECOMPUTING_OPS:
                 held += stash - inputs[stage]  # rebuilt for the backward
             if held > peak:
                 peak = held
             if kind == ActionOp.BACKWARD or kind == weight:
                 held -= stash
-        peaks.append(peak)
+        kept = kept_output_bytes * sum(kind == forward and stage == last for kind, stage, _ in acts)
+        peaks.append(max(peak, held + kept))  # the kept outputs merged into one more copy at the end
     return peaks

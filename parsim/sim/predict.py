@@ -10,6 +10,7 @@ from functools import cached_property
 from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ProfileError
 from parsim.profile import Profile
+from parsim.runtimes import get_runtime
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
 from parsim.sim.check import check_channel_order, validate
@@ -29,6 +30,7 @@ from parsim.sim.sharing import (
 )
 from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
+from parsim.workload.timed import priced
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,7 @@ def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bo
     """Predict the step of `model` under a built `schedule` (on each of `data_parallel` replicas), run by `runtime`
     (default hw's eager runner), with the simulation behind the numbers. parsim.configuration.predict builds the
     schedule and splits the model too."""
+    profile = priced(profile, model.layers)
     run_profile = runtime.costs(profile) if runtime is not None else profile
     return predict_schedule(schedule, model, profile, run_profile, copy_streams, data_parallel,
                             runtime.name if runtime is not None else "hw", recompute=recompute)
@@ -281,7 +284,8 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
         gpus = schedule.num_ranks * data_parallel
         busy = sim.busy_s
         held = peak_held_bytes(schedule, [c.stash_bytes for c in costs], recompute,
-                               [0, *(c.send_bytes for c in costs[:-1])])
+                               [0, *(c.send_bytes for c in costs[:-1])],
+                               costs[-1].send_bytes if get_runtime(runtime).keeps_outputs else 0)
         per_gpu = []
         for g in range(gpus):
             rank = g % schedule.num_ranks

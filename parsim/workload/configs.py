@@ -10,6 +10,7 @@ from parsim.errors import ModelError
 from parsim.inputs import MAX_SIZE, parse_json, shown
 from parsim.workload.models import Model, is_config, parsim_model, read_model_file, transformer_model
 from parsim.workload.models import model_from_spec as _spec_model
+from parsim.workload.timed import is_profiled, profiled_layers
 from parsim.workload.transformer import VARIANTS, TransformerShape
 
 PRESETS = ("llama-3-8b", "llama-3.2-1b", "gpt-2")  # parsim/workload/presets/NAME.json
@@ -106,10 +107,24 @@ def named_model(text: str, seq_len: int | None = None, sequences: int | None = N
     return preset_model(text, seq_len, sequences)
 
 
+def profiled_model(doc: dict[str, Any], path: str | Path, seq_len: int | None, samples: int | None) -> Model:
+    """A profiled model file's model (parsim.workload.timed), at its own batch or `samples` per step; its sequence
+    length is the one it was timed at."""
+    where = f"model file {path}"
+    layers, own = profiled_layers(doc, where, str(path))
+    length = layers[0].source.seq_len
+    if seq_len is not None and seq_len != length:
+        raise ModelError(f"{where} was timed at {length or 'no'} tokens per sequence, not {seq_len}; profile the "
+                         "model again at that length (`python -m hw profile ... --seq-len N`)")
+    return Model(layers, own if samples is None else samples)
+
+
 def load_model(path: str | Path, seq_len: int | None = None, sequences: int | None = None) -> Model:
     """A model file: parsim's (see MODEL_FILE), or a Hugging Face config, which is a transformer and so
     needs seq_len and sequences per step."""
     doc = read_model_file(path)
+    if is_profiled(doc):
+        return profiled_model(doc, path, seq_len, sequences)
     if is_config(doc):
         return config_model(doc, f"config {path}", seq_len, sequences)
     return parsim_model(doc, path, seq_len, sequences)
@@ -118,6 +133,12 @@ def load_model(path: str | Path, seq_len: int | None = None, sequences: int | No
 def model_from_spec(text: str) -> Model:
     """A model from its one-word spec (parsim.workload.models.model_from_spec), or a preset at a batch and length:
     PRESET:BATCH:SEQ."""
+    file, _, samples = text.strip().rpartition(":")
+    if file.endswith(".json"):  # a profiled model file at a batch (model_spec's)
+        try:
+            return load_model(file, sequences=int(samples))
+        except ValueError:
+            raise ModelError(f"bad model spec {text!r}; a model file takes FILE.json:SAMPLES") from None
     head, _, rest = text.strip().lower().partition(":")
     if head in VARIANTS or head == "conv" or not rest:
         return _spec_model(text)

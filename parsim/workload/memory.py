@@ -58,10 +58,11 @@ def static_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
 
 
 def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: str = "adam",
-                    recompute: str = "never") -> list[int]:
+                    recompute: str = "never", keeps_outputs: bool = False) -> list[int]:
     """Per rank of `schedule`, the most memory it holds at once: weights (and, for Adam, gradients and
     optimizer state), plus activations and working memory at the worst point of its program, for
-    micro-batches of `samples` samples, recomputed as `recompute` says (parsim.workload.recompute)."""
+    micro-batches of `samples` samples, recomputed as `recompute` says (parsim.workload.recompute); with
+    `keeps_outputs`, the last stage's every output kept to the step's end (a runtime's: torch's)."""
     split = {(a.stage, a.microbatch) for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
     ids_of = stage_layers(model, schedule.num_stages)
     stages = [[layer_memory(model.layers[i], samples) for i in ids] for ids in ids_of]
@@ -74,23 +75,24 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
         mine = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
         static = sum(static_bytes_per_param(optimizer, model.layers[i].dtype_bytes) * model.layers[i].params
                      for s in mine for i in ids_of[s])
-        peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo))
+        peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo, keeps_outputs))
     return peaks
 
 
 def peak_bytes(model: Model, schedule: Schedule, data_parallel: int = 1, optimizer: str = "adam",
-               recompute: str = "never") -> int:
+               recompute: str = "never", keeps_outputs: bool = False) -> int:
     """The most any one GPU of `schedule` holds (rank_peak_bytes), its micro-batches the batch split over
     `data_parallel` replicas and the schedule's micro-batches: what plan screens and hw validate predicts."""
     samples = microbatch_tokens(model, schedule.num_microbatches, data_parallel)
-    return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute))
+    return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute, keeps_outputs))
 
 
 def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: list[int], last: int,
           split: set[tuple[int, int]], static: int, made_grads: bool,
-          redo: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()) -> int:
+          redo: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(), keeps_outputs: bool = False) -> int:
     """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward; `redo`:
-    the (stage, micro-batch) pairs whose forward keeps only its input (outputs[stage - 1]) until recomputed."""
+    the (stage, micro-batch) pairs whose forward keeps only its input (outputs[stage - 1]) until recomputed;
+    keeps_outputs: the last stage's outputs stay to the end, where they are merged into one more copy."""
     held = peak = static
     graded: set[tuple[int, int]] = set()
 
@@ -116,7 +118,7 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
         kept_input = outputs[a.stage - 1] if recomputed and a.stage > 0 else 0  # all a recomputed forward keeps
         if a.op == Op.FORWARD:
             forward(layers, pair in split, keep=not recomputed)
-            held += kept + kept_input
+            held += kept + kept_input + (outputs[last] if keeps_outputs and a.stage == last else 0)
         elif a.op in RECOMPUTING_OPS:
             held -= kept
             if recomputed:  # the forward again, its stash rebuilt in place of the input it kept
@@ -137,4 +139,6 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
                 peak = max(peak, held)
             held -= sum(layer.stash + layer.captured + layer.held for layer in layers)
         peak = max(peak, held)
+    if keeps_outputs:  # the kept outputs merged into one tensor at the step's end, beside them
+        peak = max(peak, held + outputs[last] * sum(a.op == Op.FORWARD and a.stage == last for a in acts))
     return peak

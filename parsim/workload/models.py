@@ -11,6 +11,8 @@ from parsim.budget import check_layers
 from parsim.errors import ModelError
 from parsim.inputs import MAX_LAYERS, MAX_SIZE, load_json, text_field, whole
 from parsim.workload.layers import KINDS, MAX_DTYPE_BYTES, Layer
+from parsim.workload.timed import describe as describe_timed
+from parsim.workload.timed import is_timed
 from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, describe, transformer_layers
 
 
@@ -47,6 +49,8 @@ class Model:
     @property
     def name(self) -> str:
         split = f", balance {'/'.join(map(str, self.balance))}" if self.balance else ""
+        if is_timed(self.layers):
+            return describe_timed(self.layers, self.tokens) + split
         shape = self.transformer
         if shape is not None:
             blocks = sum(isinstance(layer, Decoder) for layer in self.layers)
@@ -140,6 +144,10 @@ def _whole_numbers(text: str, sep: str, count: int | None = None) -> tuple[int, 
 def model_spec(model: Model) -> str:
     """The spec model_from_spec turns back into `model`: what a results CSV's `model` column holds."""
     first, t = model.layers[0], model.transformer
+    if is_timed(model.layers):
+        if not first.source.file:
+            raise ModelError(f"{model.name} has no model spec: it was not read from a profiled model file")
+        return f"{first.source.file}:{model.tokens}"
     if t is not None:
         blocks = sum(isinstance(layer, Decoder) for layer in model.layers)
         sizes = ((t.hidden, t.heads, t.kv_heads, t.ffn, t.vocab) if t.variant == "llama"

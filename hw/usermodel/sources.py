@@ -1,0 +1,236 @@
+"""A user's model as a pipeline's layers: a Hugging Face causal LM (its embedding, decoder layers and head), a
+torchvision ResNet (its stem, bottleneck or basic blocks and head), or `package.module:function` returning layers."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hw.nets.transformer import lm_loss
+from parsim.errors import ModelError
+from parsim.workload.configs import PRESETS, preset_config
+from parsim.workload.timed import Source
+
+SPECS = ("hf:PRESET_OR_CONFIG.json (a Hugging Face causal LM; presets: " + ", ".join(PRESETS) + "), "
+         "torchvision:NAME (a ResNet, e.g. torchvision:resnet50) or package.module:function (returning an "
+         "nn.Sequential or a list of modules, and a batch of sample inputs)")
+NOT_SPLIT = "cannot be split into a pipeline's layers"
+
+
+@dataclass
+class Layers:
+    """A user's model as named layers in order, the source hw rebuilds it from, and a batch of its inputs."""
+
+    named: list[tuple[str, nn.Module]]
+    source: Source
+    sample: torch.Tensor  # inputs: at least one sample, in the dtype the first layer takes
+
+
+def source_of(spec: str, seq_len: int = 0, layers: int = 0, image_size: int = 0) -> Source:
+    """The Source `hw profile MODEL` names (its loss and sample kind found by building it: see user_layers)."""
+    spec = spec.strip()
+    kind, _, name = spec.partition(":")
+    if not name or kind in ("timm",):
+        raise ModelError(f"model {spec!r}: expected {SPECS}" + ("; timm models are not split yet: pass a "
+                                                               "package.module:function returning their layers"
+                                                               if kind == "timm" else ""))
+    return Source(spec, seq_len=seq_len, layers=layers, image_size=image_size)
+
+
+def user_layers(source: Source, seed: int = 0, device: torch.device | str = "cpu") -> Layers:
+    """The model `source` names, built on `device` from `seed` (every rank's CPU build gets the same weights), as
+    layers."""
+    kind, _, name = source.model.partition(":")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        if kind == "hf":
+            return hf_layers(source, name)
+        if kind == "torchvision":
+            return torchvision_layers(source, name)
+        return function_layers(source)
+
+
+@functools.lru_cache(maxsize=2)
+def _built(source: Source, seed: int, device: str) -> Layers:
+    return user_layers(source, seed, device)
+
+
+def user_layer(source: Source, index: int, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
+    """Layer `index` of the model `source` names, a copy of its own: the whole model is built once per process and
+    device (on a GPU in seconds where a 1B-parameter model's CPU build took a minute; the same weights on every
+    GPU of a kind, as on every CPU)."""
+    return copy.deepcopy(_built(replace(source, file=""), seed, str(torch.device(device))).named[index][1])
+
+
+def _import(package: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise ModelError(f"this model needs {package}, which is not installed here; install it with: "
+                         f"pip install {extra}") from None
+
+
+def hf_config(name: str, layers: int) -> Any:
+    """The transformers config of a preset or a config.json, with `layers` decoder layers (0: its own), its word
+    embeddings untied (a pipeline holds the embedding and the head on different GPUs) and torch's SDPA attention."""
+    transformers = _import("transformers", "transformers")
+    if name.lower() in PRESETS:
+        doc = preset_config(name.lower())
+    else:
+        try:
+            doc = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as e:
+            raise ModelError(f"hf:{name}: not a preset ({', '.join(PRESETS)}) nor a readable config.json ({e})") \
+                from None
+    doc = {k: v for k, v in doc.items() if not k.startswith("_")}
+    model_type = doc.pop("model_type", None)
+    if model_type not in ("llama", "gpt2"):
+        raise ModelError(f"hf:{name}: model_type {model_type!r} {NOT_SPLIT} here; hw splits llama and gpt2 models")
+    config = transformers.AutoConfig.for_model(model_type, **doc)
+    if layers:
+        config.num_hidden_layers = layers
+    config.tie_word_embeddings = False
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class HfEmbedding(nn.Module):
+    """Token ids (b, s) -> hidden states: the token embedding, and GPT-2's learned positions and dropout."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Embedding | None = None, drop: nn.Module | None = None):
+        super().__init__()
+        self.tokens, self.positions, self.drop = tokens, positions, drop or nn.Identity()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        return self.drop(x)
+
+
+class HfDecoder(nn.Module):
+    """One Hugging Face decoder layer as a pipeline layer: hidden states in, hidden states out, causal (no mask),
+    with the rotary embeddings it needs made once per sequence length (as the model's forward makes them once)."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None):
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        if self.rotary is not None:
+            key = (x.shape[1], x.device, x.dtype)
+            if key not in self._tables:
+                with torch.no_grad():
+                    positions = torch.arange(x.shape[1], device=x.device)[None]
+                    self._tables[key] = self.rotary(x, positions)
+            kwargs["position_embeddings"] = self._tables[key]
+        out = self.layer(x, attention_mask=None, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def hf_layers(source: Source, name: str) -> Layers:
+    """A llama or gpt2 causal LM: [embedding, decoder layers..., final norm + LM head], trained on next tokens."""
+    transformers = _import("transformers", "transformers")
+    if source.seq_len < 1:
+        raise ModelError(f"hf:{name}: give the tokens per sequence (--seq-len)")
+    config = hf_config(name, source.layers)
+    net = transformers.AutoModelForCausalLM.from_config(config)
+    if config.model_type == "llama":
+        body = net.model
+        first: nn.Module = HfEmbedding(body.embed_tokens)
+        blocks = [(f"model.layers.{i}", HfDecoder(b, body.rotary_emb)) for i, b in enumerate(body.layers)]
+        head = nn.Sequential(body.norm, net.lm_head)
+    else:
+        body = net.transformer
+        if source.seq_len > config.n_positions:
+            raise ModelError(f"hf:{name} has {config.n_positions} positions, fewer than --seq-len {source.seq_len}")
+        first = HfEmbedding(body.wte, body.wpe, body.drop)
+        blocks = [(f"transformer.h.{i}", HfDecoder(b, None)) for i, b in enumerate(body.h)]
+        head = nn.Sequential(body.ln_f, net.lm_head)
+    vocab = config.vocab_size
+    source = replace(source, sample="sequence", input_high=vocab, target="classes", classes=vocab)
+    sample = torch.randint(vocab, (1, source.seq_len))
+    return Layers([("embed", first), *blocks, ("head", head)], source, sample)
+
+
+def resnet_layers(net: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A torchvision-style ResNet (conv1, bn1, relu, maxpool, layer1-4, avgpool, fc) as [stem, its blocks..., head]."""
+    parts = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc")
+    if not all(hasattr(net, p) for p in parts):
+        raise ModelError(f"{type(net).__name__} {NOT_SPLIT}: hw splits ResNets (conv1 ... layer4, avgpool, fc)")
+    part = {p: net.get_submodule(p) for p in parts}
+    named: list[tuple[str, nn.Module]] = [("stem", nn.Sequential(*(part[p] for p in parts[:4])))]
+    for group in parts[4:8]:
+        named += [(f"{group}.{i}", block) for i, block in enumerate(part[group].children())]
+    return named + [("head", nn.Sequential(part["avgpool"], nn.Flatten(1), part["fc"]))]
+
+
+def torchvision_layers(source: Source, name: str) -> Layers:
+    """A torchvision classification model by name (a ResNet), on `image_size` images (default 224), 1,000 classes."""
+    models = _import("torchvision.models", "torchvision")
+    try:
+        net = models.get_model(name, weights=None)
+    except (ValueError, KeyError) as e:
+        raise ModelError(f"torchvision:{name}: {e}") from None
+    side = source.image_size or 224
+    source = replace(source, sample="image", image_size=side, target="classes", classes=net.fc.out_features)
+    return Layers(resnet_layers(net), source, torch.randn(1, 3, side, side))
+
+
+def function_layers(source: Source) -> Layers:
+    """`package.module:function`: it returns (layers, sample inputs), layers an nn.Sequential or a list of modules;
+    trained with mean squared error against random targets."""
+    module_name, _, attr = source.model.partition(":")
+    try:
+        fn: Callable[[], Any] = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ModelError(f"model {source.model!r}: cannot import it ({e}); expected {SPECS}") from None
+    made = fn()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], torch.Tensor) and made[1].ndim >= 1):
+        raise ModelError(f"{source.model} must return (layers, a batch of sample inputs), got {type(made).__name__}")
+    layers, sample = made
+    if isinstance(layers, nn.Sequential):
+        named = [(n, m) for n, m in layers.named_children()]
+    elif isinstance(layers, (list, tuple)) and all(isinstance(m, nn.Module) for m in layers):
+        named = [(str(i), m) for i, m in enumerate(layers)]
+    else:
+        raise ModelError(f"{source.model}'s layers {NOT_SPLIT}: it returned {type(layers).__name__}, not an "
+                         "nn.Sequential or a list of modules")
+    if not named:
+        raise ModelError(f"{source.model} returned no layers")
+    integer = not sample.is_floating_point()
+    high = int(sample.max()) + 1 if integer else 0
+    return Layers(named, replace(source, input_high=high), sample[:1])
+
+
+def loss_of(source: Source) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss on the last layer's output: cross-entropy over classes (on fp32 logits), else mean squared error."""
+    return lm_loss if source.target == "classes" else nn.functional.mse_loss
+
+
+def timed_batch(source: Source, in_shape: tuple[int, ...], out_shape: tuple[int, ...], samples: int,
+                generator: torch.Generator, device: torch.device | str, dtype: torch.dtype,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs (token ids below input_high, else values) and targets (a class id per row of logits, else
+    values) for `samples` samples of a model of `source`, whose first layer takes `in_shape` and last gives
+    `out_shape` per sample."""
+    if source.input_high:
+        x = torch.randint(source.input_high, (samples, *in_shape), generator=generator).to(device)
+    else:
+        x = torch.randn((samples, *in_shape), generator=generator).to(device, dtype)
+    if source.target == "classes":
+        y = torch.randint(source.classes, (samples, *out_shape[:-1]), generator=generator).to(device)
+    else:
+        y = torch.randn((samples, *out_shape), generator=generator).to(device, dtype)
+    return x, y
