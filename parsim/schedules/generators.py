@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import chain, repeat
 
 from parsim.errors import ScheduleError
 from parsim.schedules.actions import (
@@ -41,9 +42,8 @@ def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     p, m, owner = num_ranks, num_microbatches, tuple(range(num_ranks))
     ranks = []
     for s in range(p):
-        acts = [a for i in range(m) for a in forward_with_messages(s, i, owner)]
-        acts += [a for i in range(m) for a in backward_with_messages(s, i, owner)]
-        ranks.append(tuple(acts))
+        forward, backward = _columns(s, m, owner)
+        ranks.append((*_rows(forward), *_rows(backward)))
     return Schedule("gpipe", p, m, owner, tuple(ranks))
 
 
@@ -60,14 +60,35 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
     p, m, owner = num_ranks, num_microbatches, tuple(range(num_ranks))
     ranks = []
     for s in range(p):
-        warmup = min(p - s - 1, m)
-        acts = [a for i in range(warmup) for a in forward_with_messages(s, i, owner)]
-        for i in range(m - warmup):
-            acts += forward_with_messages(s, warmup + i, owner)
-            acts += backward_with_messages(s, i, owner)
-        acts += [a for i in range(m - warmup, m) for a in backward_with_messages(s, i, owner)]
-        ranks.append(tuple(acts))
+        w = min(p - s - 1, m)  # warm-up forwards
+        forward, backward = _columns(s, m, owner)
+        steady = [c[w:] for c in forward] + [c[:m - w] for c in backward]
+        ranks.append((*_rows([c[:w] for c in forward]), *_rows(steady), *_rows([c[m - w:] for c in backward])))
     return Schedule("1f1b", p, m, owner, tuple(ranks))
+
+
+def _columns(stage: int, m: int, owner: tuple[int, ...]) -> tuple[list[list[Action]], list[list[Action]]]:
+    """A stage's forwards and backwards with their messages as forward_with_messages and backward_with_messages
+    place them, by column: (receive,) compute, (send), each over micro-batches 0..m-1, built in C."""
+    last, rank = len(owner) - 1, owner[stage]
+    forward = [[Op.RECV_F]] if stage > 0 and owner[stage - 1] != rank else []
+    forward += [[Op.FORWARD]] + ([[Op.SEND_F]] if stage < last and owner[stage + 1] != rank else [])
+    backward = [[Op.RECV_B]] if stage < last and owner[stage + 1] != rank else []
+    backward += [[Op.BACKWARD]] + ([[Op.SEND_B]] if stage > 0 and owner[stage - 1] != rank else [])
+    return ([_column(c[0], stage, m) for c in forward], [_column(c[0], stage, m) for c in backward])
+
+
+def _column(op: str, stage: int, m: int) -> list[Action]:
+    """Action(op, stage, i) for i in 0..m-1: hot (a large schedule is 400k actions), so made without a Python loop."""
+    return list(map(_new_tuple, repeat(Action), zip(repeat(op), repeat(stage), range(m))))
+
+
+def _rows(columns: list[list[Action]]) -> Iterator[Action]:
+    """The columns' actions row by row: each micro-batch's actions in column order."""
+    return chain.from_iterable(zip(*columns))
+
+
+_new_tuple = tuple.__new__
 
 
 def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
