@@ -16,6 +16,7 @@ from parsim.schedules.actions import (
     backward_with_messages,
     forward_with_messages,
     place_messages,
+    receives_at_use,
     with_messages,
 )
 
@@ -44,7 +45,7 @@ def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     for s in range(p):
         forward, backward = _columns(s, m, owner)
         ranks.append((*_rows(forward), *_rows(backward)))
-    return Schedule("gpipe", p, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("gpipe", p, m, owner, tuple(ranks)))
 
 
 def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -64,7 +65,7 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
         forward, backward = _columns(s, m, owner)
         steady = [c[w:] for c in forward] + [c[:m - w] for c in backward]
         ranks.append((*_rows([c[:w] for c in forward]), *_rows(steady), *_rows([c[m - w:] for c in backward])))
-    return Schedule("1f1b", p, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("1f1b", p, m, owner, tuple(ranks)))
 
 
 def _columns(stage: int, m: int, owner: tuple[int, ...]) -> tuple[list[list[Action]], list[list[Action]]]:
@@ -106,7 +107,7 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int 
                             f"of the GPU count ({p})")
     owner = tuple(s % p for s in range(p * v))
     ranks = [tuple(with_messages(acts, owner)) for acts in interleaved_orders(p, m, v)]
-    return Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks)))
 
 
 def interleaved_zb(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
@@ -190,7 +191,7 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
             acts += _input_grad(r, i, owner, waiting, len(waiting))  # cool-down: one W after each I fills its wait
         acts += [Action(Op.BACKWARD_WEIGHT, r, i) for i in waiting]
         ranks.append(tuple(acts))
-    return Schedule("zb-h1", p, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("zb-h1", p, m, owner, tuple(ranks)))
 
 
 def _input_grad(r: int, i: int, owner: tuple[int, ...], waiting: list[int], allowed_waiting: int) -> list[Action]:
