@@ -380,6 +380,8 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
     forward, weight, m = ActionOp.FORWARD, ActionOp.BACKWARD_WEIGHT, schedule.num_microbatches
     inputs = input_bytes or [0] * len(stash_bytes)
     redone = [recomputes(recompute, mb, m) for mb in range(m)]  # by micro-batch
+    if not any(redone):
+        return [_peak_kept(acts, stash_bytes) for acts in schedule.actions]
     peaks = []
     for acts in schedule.actions:
         held = peak = 0
@@ -395,3 +397,17 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
                 held -= stash
         peaks.append(peak)
     return peaks
+
+
+def _peak_kept(acts: tuple[Action, ...], stash_bytes: list[int]) -> int:
+    """peak_held_bytes of one rank's program where nothing is recomputed: only a forward adds, so only it can peak."""
+    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
+    held = peak = 0
+    for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+        if kind == forward:
+            held += stash_bytes[stage]
+            if held > peak:
+                peak = held
+        elif kind == backward or kind == weight:
+            held -= stash_bytes[stage]
+    return peak
