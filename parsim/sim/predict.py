@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from parsim.budget import check_actions, stages_per_rank
-from parsim.errors import ProfileError, ScheduleError
+from parsim.errors import ParsimError, ProfileError
 from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
@@ -127,7 +127,7 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
     with gc_paused():
         try:
             return _simulated(schedule, costs, profile, copy_streams, data_parallel, engine, give_up, recompute)
-        except (ScheduleError, StepAbove):
+        except (ParsimError, StepAbove):  # a schedule error named, or a profile's: as they are
             raise
         except Exception:  # what an invalid schedule can break before it is validated: named by validate if so
             _validate(schedule, copy_streams)
