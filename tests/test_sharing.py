@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from parsim.errors import ScheduleError
 from parsim.profile import CollectiveSpec, ResidentComm, load_profile
-from parsim.runtimes import EAGER, TORCH
+from parsim.runtimes import EAGER, RUNTIMES, TORCH
 from parsim.schedules import VIRTUAL, act
 from parsim.sim.predict import lowered_machine, predict, simulate
 from parsim.sim.sharing import (
@@ -130,3 +130,17 @@ def test_the_section_survives_a_round_trip_and_is_absent_where_unmeasured(tmp_pa
     assert load_profile(tmp_path / "p.json").resident_comm == SLOW
     save_profile(make_profile(bandwidth_Bps=1e11), tmp_path / "q.json")
     assert "resident_comm" not in (tmp_path / "q.json").read_text()
+
+
+@pytest.mark.parametrize("runtime,name", [(r, n) for r in ("hw", "torch") for n in RUNTIMES[r].schedules()])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 3), (3, 6), (4, 8)])
+def test_a_schedule_noted_receives_at_use_has_no_early_receive(runtime, name, p, m):
+    """early_receives trusts the note (parsim.schedules.receives_at_use): read off every action, it finds none."""
+    try:
+        schedule = RUNTIMES[runtime].build(name, p, m, 2 if name in VIRTUAL else None)
+    except ScheduleError:
+        return
+    read = early_receives(dataclasses.replace(schedule))  # a copy, without the note
+    assert early_receives(schedule) == read or not schedule.__dict__.get("receives_at_use")
+    if schedule.__dict__.get("receives_at_use"):
+        assert read == frozenset()

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from parsim.errors import ScheduleError
 from parsim.profile import CollectiveSpec, LinkSpec, ResidentComm, RuntimeCosts
 from parsim.runtimes import RUNTIMES
-from parsim.schedules import VIRTUAL
+from parsim.schedules import ALL_OPS, VIRTUAL, Action
 from parsim.sim import longest_path
+from parsim.sim.check import validate
 from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.longest_path import replicas_alike, settle_step
 from parsim.sim.predict import StepAbove, simulate
@@ -139,3 +140,57 @@ def test_alike_replicas_on_shared_links_are_run_once_on_the_machine(runtime, nam
     assert (fast.step_time_s, fast.busy_s) == (slow.step_time_s, slow.busy_s)
     assert max(h.finished_at for h in fast.machine.hosts) == fast.step_time_s  # its timeline runs every replica
     assert len(fast.machine.hosts) == 4 * dp
+
+
+@st.composite
+def broken(draw):
+    """A step from steps() whose schedule has one action dropped, repeated, moved to another rank or place, or given
+    another op, stage or micro-batch (in range or not): valid or not, as it happens."""
+    step = draw(steps())
+    if step is None:
+        return None
+    schedule, profile, costs, dp, copy = step
+    ranks = [list(acts) for acts in schedule.actions]
+    r = draw(st.integers(0, len(ranks) - 1))
+    if not ranks[r]:
+        return None
+    k = draw(st.integers(0, len(ranks[r]) - 1))
+    op, stage, mb = a = ranks[r][k]
+    how = draw(st.sampled_from(["drop", "repeat", "move", "op", "stage", "microbatch"]))
+    if how == "drop":
+        del ranks[r][k]
+    elif how == "repeat":
+        ranks[r].insert(draw(st.integers(0, len(ranks[r]))), a)
+    elif how == "move":
+        del ranks[r][k]
+        to = draw(st.integers(0, len(ranks) - 1))
+        ranks[to].insert(draw(st.integers(0, len(ranks[to]))), a)
+    elif how == "op":
+        ranks[r][k] = Action(draw(st.sampled_from(sorted(ALL_OPS) + ["X"])), stage, mb)
+    elif how == "stage":
+        ranks[r][k] = Action(op, draw(st.integers(-schedule.num_stages - 1, schedule.num_stages)), mb)
+    else:
+        ranks[r][k] = Action(op, stage, draw(st.integers(-schedule.num_microbatches - 1, schedule.num_microbatches)))
+    return dataclasses.replace(schedule, actions=tuple(map(tuple, ranks))), profile, costs, dp, copy
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(step=broken())
+def test_the_walk_vouches_only_for_a_valid_schedule(step):
+    """simulate validates only where the walk (settle_step's check) does not vouch for the schedule: where it
+    does, the schedule is valid and its step the machine's; where not, simulate names what validate names."""
+    if step is None:
+        return
+    schedule, profile, costs, dp, copy = step
+    buckets = gradient_buckets(costs) if dp > 1 else None
+    settled = settle_step(schedule, costs, profile, copy, dp, buckets, check=True)
+    try:
+        validate(schedule, copy, check_deadlock=False, check_order=False)
+    except ScheduleError as error:
+        assert settled is None
+        with pytest.raises(ScheduleError) as raised:
+            simulate(schedule, costs, profile, copy, dp)
+        assert str(raised.value) == str(error)
+        return
+    if settled is not None:
+        assert settled == settle_step(schedule, costs, profile, copy, dp, buckets)

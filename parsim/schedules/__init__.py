@@ -25,6 +25,7 @@ from parsim.schedules.actions import (
     act,
     paired_recv,
     place_messages,
+    receives_at_use,
     with_messages,
 )
 from parsim.schedules.from_torch import TORCH_PREFIX
@@ -46,7 +47,7 @@ __all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SC
            "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
            "dualpipev", "dualpipev_orders", "from_torch", "gpipe", "interleaved_1f1b", "interleaved_orders",
            "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
-           "schedule_name", "v_stage_to_rank", "with_messages", "zb_h1", "zbv"]
+           "receives_at_use", "schedule_name", "v_stage_to_rank", "with_messages", "zb_h1", "zbv"]
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,

@@ -110,6 +110,14 @@ class Schedule:
         )
 
 
+def receives_at_use(schedule: Schedule) -> Schedule:
+    """`schedule`, noted as posting each receive right before the compute that consumes it (as with_messages places
+    them), which parsim.sim.sharing then need not read off every action. The note is on this object only:
+    dataclasses.replace makes a schedule without it."""
+    object.__setattr__(schedule, "receives_at_use", True)
+    return schedule
+
+
 def forward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
     """Receive the input (if it comes from another rank), run the forward, send the output."""
     rank, new = stage_to_rank[stage], _new_tuple  # actions built in C: generators make 400k of them

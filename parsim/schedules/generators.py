@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import chain, repeat
 
 from parsim.errors import ScheduleError
 from parsim.schedules.actions import (
@@ -15,6 +16,7 @@ from parsim.schedules.actions import (
     backward_with_messages,
     forward_with_messages,
     place_messages,
+    receives_at_use,
     with_messages,
 )
 
@@ -41,10 +43,9 @@ def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     p, m, owner = num_ranks, num_microbatches, tuple(range(num_ranks))
     ranks = []
     for s in range(p):
-        acts = [a for i in range(m) for a in forward_with_messages(s, i, owner)]
-        acts += [a for i in range(m) for a in backward_with_messages(s, i, owner)]
-        ranks.append(tuple(acts))
-    return Schedule("gpipe", p, m, owner, tuple(ranks))
+        forward, backward = _columns(s, m, owner)
+        ranks.append((*_rows(forward), *_rows(backward)))
+    return receives_at_use(Schedule("gpipe", p, m, owner, tuple(ranks)))
 
 
 def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -60,14 +61,35 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
     p, m, owner = num_ranks, num_microbatches, tuple(range(num_ranks))
     ranks = []
     for s in range(p):
-        warmup = min(p - s - 1, m)
-        acts = [a for i in range(warmup) for a in forward_with_messages(s, i, owner)]
-        for i in range(m - warmup):
-            acts += forward_with_messages(s, warmup + i, owner)
-            acts += backward_with_messages(s, i, owner)
-        acts += [a for i in range(m - warmup, m) for a in backward_with_messages(s, i, owner)]
-        ranks.append(tuple(acts))
-    return Schedule("1f1b", p, m, owner, tuple(ranks))
+        w = min(p - s - 1, m)  # warm-up forwards
+        forward, backward = _columns(s, m, owner)
+        steady = [c[w:] for c in forward] + [c[:m - w] for c in backward]
+        ranks.append((*_rows([c[:w] for c in forward]), *_rows(steady), *_rows([c[m - w:] for c in backward])))
+    return receives_at_use(Schedule("1f1b", p, m, owner, tuple(ranks)))
+
+
+def _columns(stage: int, m: int, owner: tuple[int, ...]) -> tuple[list[list[Action]], list[list[Action]]]:
+    """A stage's forwards and backwards with their messages as forward_with_messages and backward_with_messages
+    place them, by column: (receive,) compute, (send), each over micro-batches 0..m-1, built in C."""
+    last, rank = len(owner) - 1, owner[stage]
+    forward = [[Op.RECV_F]] if stage > 0 and owner[stage - 1] != rank else []
+    forward += [[Op.FORWARD]] + ([[Op.SEND_F]] if stage < last and owner[stage + 1] != rank else [])
+    backward = [[Op.RECV_B]] if stage < last and owner[stage + 1] != rank else []
+    backward += [[Op.BACKWARD]] + ([[Op.SEND_B]] if stage > 0 and owner[stage - 1] != rank else [])
+    return ([_column(c[0], stage, m) for c in forward], [_column(c[0], stage, m) for c in backward])
+
+
+def _column(op: str, stage: int, m: int) -> list[Action]:
+    """Action(op, stage, i) for i in 0..m-1: hot (a large schedule is 400k actions), so made without a Python loop."""
+    return list(map(_new_tuple, repeat(Action), zip(repeat(op), repeat(stage), range(m))))
+
+
+def _rows(columns: list[list[Action]]) -> Iterator[Action]:
+    """The columns' actions row by row: each micro-batch's actions in column order."""
+    return chain.from_iterable(zip(*columns))
+
+
+_new_tuple = tuple.__new__
 
 
 def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
@@ -85,7 +107,7 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, virtual_stages: int 
                             f"of the GPU count ({p})")
     owner = tuple(s % p for s in range(p * v))
     ranks = [tuple(with_messages(acts, owner)) for acts in interleaved_orders(p, m, v)]
-    return Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("interleaved-1f1b", p * v, m, owner, tuple(ranks)))
 
 
 def interleaved_zb(num_ranks: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
@@ -169,7 +191,7 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> Schedule:
             acts += _input_grad(r, i, owner, waiting, len(waiting))  # cool-down: one W after each I fills its wait
         acts += [Action(Op.BACKWARD_WEIGHT, r, i) for i in waiting]
         ranks.append(tuple(acts))
-    return Schedule("zb-h1", p, m, owner, tuple(ranks))
+    return receives_at_use(Schedule("zb-h1", p, m, owner, tuple(ranks)))
 
 
 def _input_grad(r: int, i: int, owner: tuple[int, ...], waiting: list[int], allowed_waiting: int) -> list[Action]:

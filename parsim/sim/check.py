@@ -32,9 +32,8 @@ def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: boo
 _OP_STAGE, _MICROBATCH, _RECV = itemgetter(0, 1), itemgetter(2), itemgetter(1)  # of an Action; _RECV of a Transfer
 
 
-def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:
-    """Sizes, and every action's op, stage, rank and micro-batch in range; return how many actions
-    each (op, stage) has, which the completeness checks read instead of counting again."""
+def check_layout(schedule: Schedule) -> None:
+    """Its sizes, and each stage on a rank that exists: what a walk over its actions (or validate) relies on."""
     s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     if s < 1 or m < 1 or p < 1:
         raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
@@ -43,6 +42,13 @@ def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:
                             f"entries for {s} stages")
     if any(not 0 <= r < p for r in schedule.stage_to_rank):
         raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
+
+
+def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:
+    """Sizes, and every action's op, stage, rank and micro-batch in range; return how many actions
+    each (op, stage) has, which the completeness checks read instead of counting again."""
+    check_layout(schedule)
+    s, m = schedule.num_stages, schedule.num_microbatches
     counts: Counter[tuple[str, int]] = Counter()
     for rank, acts in enumerate(schedule.actions):
         # Checked per distinct (op, stage) and over column extremes: large schedules repeat them.

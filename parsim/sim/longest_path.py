@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from operator import length_hint
+from operator import itemgetter, length_hint
 from typing import Any
 
 from parsim.profile import CollectiveSpec, Profile
 from parsim.progress import watch as watch_progress
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
+from parsim.schedules import ALL_OPS, COMM_OPS, COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import GRAD, kept, stage_waits
 from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import (
@@ -37,6 +37,7 @@ from parsim.workload import StageCost, gradient_adds
 ALIKE_REPLICAS_ONCE = True  # simulate alike replicas once (replicas_alike); benchmarks/plan_exact.py turns it off
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
+Entry = tuple[Any, ...]  # the walk's entry for an (op, stage): a compute's or a message's (see the tables below)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class _Channel:
 
     def __init__(self, tag: int) -> None:
         self.free = 0.0  # when its last settled message ends
-        self.sent = self.received = 0  # messages issued so far by its sender, by its receiver
+        self.sent, self.received = [0], [0]  # messages issued so far by its sender, by its receiver
         self.queue: list[list[Any]] = []  # issued by both hosts, waiting for a dependency or the message before
         self.tag = tag  # its waiter tag (negative; walkers' tags are their index)
 
@@ -72,12 +73,13 @@ class _Channel:
 def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool = False,
                 data_parallel: int = 1, buckets: dict[int, int] | None = None,
                 slower: Mapping[Action, float] | None = None, observe: bool = False, recompute: str = "never",
-                ) -> Settled | None:
+                check: bool = False) -> Settled | None:
     """Settle one step as parsim.sim.predict.simulate builds it on the machine (its computes lengthened by
     `slower`, as parsim.sim.sharing asks, and by `recompute`'s forwards run again); None where it needs the machine
     (a link that several channels share, or an order this walk cannot follow) or a channel's messages are received
-    out of order. `schedule` must be validated otherwise (check.validate with check_order=False). `observe`: keep
-    what parsim.sim.sharing reads.
+    out of order. `schedule` must be validated otherwise (check.validate with check_order=False), or `check` asked:
+    then the walk vouches for it (each action on its rank, in range, once; every one a valid step has) or gives None,
+    where check.validate names what is wrong. `observe`: keep what parsim.sim.sharing reads.
 
     Replicas whose messages all cost the same are the same walk, to the bit (the same numbers in the same
     order): the first is walked and stands for the others, so the step's cost does not grow with them."""
@@ -107,8 +109,9 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         for src, dst in channels_of:
             chans[src, dst] = _Channel(-1 - len(channels))
             channels.append(chans[src, dst])
-        compute = _compute_table(schedule, launches, rules, end, last_grad, buckets or {}, add_s)
-        messages = _message_table(schedule, costs, profile, rules, end, chans, off)
+        table = _compute_table(schedule, launches, rules, end, last_grad, buckets or {}, add_s)
+        table |= _message_table(schedule, costs, profile, rules, end, chans, off)
+        views = _rank_tables(table, schedule.stage_to_rank, pp)
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
             host.t = profile.host.begin_s  # the runtime's bookkeeping before its first launch
@@ -116,13 +119,15 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                 host.spans, host.posted = [], {}
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
-            walkers.append(_walk(programs[-1], compute, messages, end, more, profile.host.p2p_s, not copy_streams,
+            walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
                                  len(walkers), work, channels, host, extras.host, slower or None))
         tables.append(end)
     total = sum(map(len, schedule.actions)) * walked
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
     work.extend(range(len(walkers) - 1, -1, -1))
     finished = 0
+    if check and not _microbatches_nonnegative(schedule):
+        return None
     try:
         while work:
             tag = work.pop()
@@ -135,8 +140,14 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                 finished += 1
     except _OutOfOrder:
         return None
+    except (LookupError, TypeError, ValueError):  # an action out of range, on another rank, repeated or malformed
+        if not check:
+            raise
+        return None
     if finished < len(walkers) or any(c.queue for c in channels):
         return None  # some op waits in a way the walk does not follow: the machine settles it (or names the deadlock)
+    if check and not _complete(schedule, tables[0]):
+        return None
     _all_reduce(schedule, costs, profile, hosts, data_parallel)
     for replica in range(walked):
         for (src, dst), ch in zip(channels_of, channels[replica * len(channels_of):]):
@@ -211,6 +222,69 @@ def _shares_a_link(profile: Profile, channels: list[tuple[int, int]], pp: int, d
     return any(n > 1 for n in users.values())
 
 
+def _rank_tables(table: dict[str, list[Entry | None]], owner: tuple[int, ...], pp: int,
+                 ) -> list[dict[str, dict[int, Entry | None]]]:
+    """Per rank, the walk's table with only its own stages' entries: another rank's stage (or one out of range) is
+    not there, which stops the walk (check.validate names the action)."""
+    views: list[dict[str, dict[int, Entry | None]]] = [{op: {} for op in table} for _ in range(pp)]
+    for op, entries in table.items():
+        for s, entry in enumerate(entries):
+            views[owner[s]][op][s] = entry
+    return views
+
+
+def _microbatches_nonnegative(schedule: Schedule) -> bool:
+    """No action names a negative micro-batch (a row would read it from its end); too large ones raise IndexError."""
+    try:
+        return all(min(map(itemgetter(2), acts)) >= 0 for acts in schedule.actions if acts)
+    except (LookupError, TypeError, ValueError):
+        return False
+
+
+def _full(row: Row) -> bool:
+    """Whether every slot of `row` is settled (a float): None or a waiters' list makes the sum raise."""
+    try:
+        sum(row)
+    except TypeError:
+        return False
+    return True
+
+
+def _backwards(whole: Row, inputs: Row, weights: Row) -> int | None:
+    """How many backward actions a stage's rows say it ran, where each micro-batch ran B, or I and W; else None."""
+    if _full(whole):
+        return len(whole)
+    if _full(inputs) and _full(weights):
+        return 2 * len(whole)
+    n = 0
+    for b, i, w in zip(whole, inputs, weights):  # some of each (DualPipeV's cool-down)
+        if b.__class__ is float:
+            n += 1
+        elif i.__class__ is float and w.__class__ is float:
+            n += 2
+        else:
+            return None
+    return n
+
+
+def _complete(schedule: Schedule, end: dict[str, list[Row]]) -> bool:
+    """Whether the walk settled every action a valid schedule has (each stage's forwards, its backwards whole or
+    split, each message between ranks) and the schedule has no more actions than those: with each action settling
+    one slot and a repeated one stopping the walk, it then has each once."""
+    m, owner = schedule.num_microbatches, schedule.stage_to_rank
+    required = 0
+    for s in range(schedule.num_stages):
+        backwards = _backwards(end[Op.BACKWARD][s], end[Op.BACKWARD_INPUT][s], end[Op.BACKWARD_WEIGHT][s])
+        if backwards is None or not _full(end[Op.FORWARD][s]):
+            return False
+        required += m + backwards
+        if s + 1 < schedule.num_stages and owner[s] != owner[s + 1]:
+            if not (_full(end[Op.SEND_F][s]) and _full(end[Op.SEND_B][s + 1])):
+                return False
+            required += 4 * m  # two messages, each sent and received
+    return required == sum(map(len, schedule.actions))
+
+
 class _Host:
     """A rank's host thread and compute stream as the walk leaves them."""
 
@@ -230,35 +304,43 @@ class _Host:
 def _compute_table(schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
                    last_grad: dict[int, Action], buckets: dict[int, int],
-                   add_s: list[float] | None = None) -> dict[str, list[tuple[Any, ...]]]:
-    """op -> per stage: (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, its row, the GRAD row it also
-    fills or None, the rows it waits for, the micro-batch whose action is split into gradient-bucket chunks or -1,
-    the chunk count, and where the op makes gradients the gradient add's seconds (0 where the runtime adds none),
-    else None: as lowering has it, every such action of the stage after its first adds its gradients on the GPU,
-    and the first pays the fresh host costs)."""
-    table: dict[str, list[tuple[Any, ...]]] = {}
+                   add_s: list[float] | None = None) -> dict[str, list[Entry | None]]:
+    """op -> per stage, the walk's entry for its computes: (True, gpu_s, tail_s, host_s, first_s, its row, the GRAD
+    row it also fills or None, the rows it waits for, None or (the (op, entry) pairs the stage's gradient actions
+    take after this one, the micro-batch whose action is split into gradient-bucket chunks or -1, the chunk count)).
+    As lowering has it, a stage's first gradient action (B or W) pays the fresh host costs and each later one adds
+    its gradients on the GPU (gpu_s + add)."""
+    table: dict[str, list[Entry | None]] = {}
+    later: list[list[tuple[str, Entry]]] = [[] for _ in range(schedule.num_stages)]  # per stage: after its first
     for op in COMPUTE_OPS:
         table[op] = []
         for s in range(schedule.num_stages):
             split = last_grad.get(s)
             split_mb = split.microbatch if split is not None and split.op == op else -1
+            n = buckets.get(s, 1)
             grad_row = end[GRAD][s] if op in (Op.BACKWARD, Op.BACKWARD_INPUT) else None
-            add = (add_s[s] if add_s is not None else 0.0) if op in GRADIENT_OPS else None
-            table[op].append((*launches[op][s], end[op][s], grad_row, tuple(end[k][t] for k, t in rules[op][s]),
-                              split_mb, buckets.get(s, 1), add))
+            deps = tuple(end[k][t] for k, t in rules[op][s])
+            gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s = launches[op][s]
+            chunked = (None, split_mb, n) if split_mb >= 0 else None
+            if op not in GRADIENT_OPS:
+                table[op].append((True, gpu_s, tail_s, host_s, first_s, end[op][s], grad_row, deps, chunked))
+                continue
+            add = add_s[s] if add_s is not None else 0.0
+            later[s].append((op, (True, gpu_s + add, tail_s, host_s, first_s, end[op][s], grad_row, deps, chunked)))
+            table[op].append((True, gpu_s, tail_s, fresh_host_s, fresh_first_s, end[op][s], grad_row, deps,
+                              (later[s], split_mb, n)))
     return table
 
 
 def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                    rules: dict[str, list[tuple[tuple[str, int], ...]]], end: dict[str, list[Row]],
-                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[tuple[Any, ...] | None]]:
-    """send or receive op -> per stage: (the send's row of first issues, the send's row, the receive's row, the
-    channel, the message's seconds, the rows this end waits for, whether it is the send); None where a stage
-    has no such message."""
+                   chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[Entry | None]]:
+    """send or receive op -> per stage, the walk's entry for its messages: (False, the send's row of first issues,
+    the send's row, the receive's row, the channel, the message's seconds, the rows this end waits for, this end's
+    count of the channel's messages issued so far); None where a stage has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
-    table: dict[str, list[tuple[Any, ...] | None]] = {
-        op: [None] * (last + 1) for op in (Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)}
+    table: dict[str, list[Entry | None]] = {op: [None] * (last + 1) for op in COMM_OPS}
     for send, (recv, step) in PAIRED_RECV.items():
         for s in range(last + 1):
             r = s + step
@@ -267,42 +349,52 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
             src, dst = owner[s], owner[r]
             _, spec, _ = link_for(profile, src + off, dst + off)
             seconds = spec.time_s(message_bytes(Action(send, s, 0), costs))
-            common = (first[send][s], end[send][s], end[recv][r], chans[src, dst], seconds)
-            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), True)
-            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), False)
+            channel = chans[src, dst]
+            common = (False, first[send][s], end[send][s], end[recv][r], channel, seconds)
+            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), channel.sent)
+            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), channel.received)
     return table
 
 
-def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
-          messages: dict[str, list[tuple[Any, ...] | None]], end: dict[str, list[Row]],
+def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end: dict[str, list[Row]],
           more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
           work: list[int], channels: list[_Channel], host: _Host,
           extras: dict[Action, float] | None = None, slower: Mapping[Action, float] | None = None) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
-    in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action."""
+    in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action, so what few actions
+    need (`slower`, `extras`, `more`: the actions in `odd`) is looked up for those only."""
     t, free, busy = host.t, 0.0, 0.0  # the host starts after its runtime's bookkeeping (begin_s)
-    get_compute = compute.get
-    graded: set[int] = set()  # stages whose first gradient action has run
+    odd = {*(slower or ()), *(extras or ()), *(more or ())} or None
     spans, posted = host.spans, host.posted
     for a in acts:
         kind, s, i = a
-        c = get_compute(kind)
-        if c is not None:
-            (gpu_s, tail_s, host_s, first_s, fresh_host_s, fresh_first_s, row, grad_row, dep_rows, split_mb, n,
-             add) = c[s]
-            if add is not None:  # as lowering has it: the stage's later gradient actions add into its gradients
-                if s in graded:
-                    gpu_s += add
-                else:
-                    host_s, first_s = fresh_host_s, fresh_first_s
-                    graded.add(s)
-            if slower:  # lengthened as lowering lengthens it, after its gradient add
-                gpu_s += slower.get(a, 0.0)
-            if extras and a in extras:  # lowering's action_extras, as lowering adds them
-                host_s, first_s = host_s + extras[a], first_s + extras[a]
+        entry: Entry = table[kind][s]  # type: ignore[assignment]  # None (not this rank's stage) stops the walk
+        if entry[0]:
+            _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = entry
+            if special is not None and special[0] is not None:  # a stage's first gradient action: later ones add
+                for op, entry in special[0]:
+                    table[op][s] = entry
             ready = free
-            for dep in dep_rows:
+            if odd is not None and a in odd:
+                if slower:  # lengthened as lowering lengthens it, after its gradient add
+                    gpu_s += slower.get(a, 0.0)
+                if extras and a in extras:  # lowering's action_extras, as lowering adds them
+                    host_s, first_s = host_s + extras[a], first_s + extras[a]
+                if more is not None and a in more:
+                    for k, ks, ki in more[a]:
+                        dep = end[k][ks]
+                        e = dep[ki]
+                        while e.__class__ is not float:
+                            if e is None:
+                                dep[ki] = [me]
+                            else:
+                                e.append(me)
+                            yield
+                            e = dep[ki]
+                        if e > ready:
+                            ready = e
+            for dep in deps:
                 e = dep[i]
                 while e.__class__ is not float:
                     if e is None:
@@ -313,21 +405,8 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                     e = dep[i]
                 if e > ready:
                     ready = e
-            if more is not None and a in more:
-                for k, ks, ki in more[a]:
-                    dep = end[k][ks]
-                    e = dep[ki]
-                    while e.__class__ is not float:
-                        if e is None:
-                            dep[ki] = [me]
-                        else:
-                            e.append(me)
-                        yield
-                        e = dep[ki]
-                    if e > ready:
-                        ready = e
-            if i == split_mb:  # a stage's last gradient action: one chunk per gradient bucket, as DDP's hooks see it
-                t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, n,
+            if special is not None and i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
                                            host.chunk_ends.setdefault(s, []), spans, a)
             else:
                 if t + first_s > ready:
@@ -338,7 +417,7 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                     e = last_issue + tail_s
                 busy += e - ready
                 free = e
-                t += host_s
+                t = last_issue
                 if spans is not None:
                     spans.append((a, ready, e))
             waiters = row[i]
@@ -351,21 +430,19 @@ def _walk(acts: Iterator[Action], compute: dict[str, list[tuple[Any, ...]]],
                 if waiters is not None:
                     work.extend(waiters)
             continue
-        first, send_row, recv_row, channel, seconds, dep_rows, is_send = messages[kind][s]  # type: ignore[misc]  # a stage that posts it has it
-        post_s = p2p_s + extras.get(a, 0.0) if extras else p2p_s
-        avail = t + post_s
-        t += post_s
+        _, first, send_row, recv_row, channel, seconds, deps, issued = entry
+        if odd is not None and a in odd and extras:
+            t += p2p_s + extras.get(a, 0.0)
+        else:
+            t += p2p_s
+        avail = t
         if posted is not None:
             posted[a] = avail
         ready = free if on_compute_stream else 0.0  # on the compute stream: after every compute issued before it
-        if is_send:  # its place on the channel, at this end: both ends must agree (NCCL matches messages in order)
-            place = channel.sent
-            channel.sent = place + 1
-        else:
-            place = channel.received
-            channel.received = place + 1
+        place = issued[0]  # its place on the channel, at this end: both ends must agree (NCCL matches in order)
+        issued[0] = place + 1
         waits = None
-        for dep in dep_rows:
+        for dep in deps:
             e = dep[i]
             if e.__class__ is not float:
                 waits = [(dep, i)] if waits is None else waits + [(dep, i)]

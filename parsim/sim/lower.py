@@ -382,6 +382,8 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
     forward, weight, m = ActionOp.FORWARD, ActionOp.BACKWARD_WEIGHT, schedule.num_microbatches
     inputs = input_bytes or [0] * len(stash_bytes)
     redone = [recomputes(recompute, mb, m) for mb in range(m)]  # by micro-batch
+    if not any(redone) and not kept_output_bytes:
+        return [_peak_kept(acts, stash_bytes) for acts in schedule.actions]
     last = schedule.num_stages - 1
     peaks = []
     for acts in schedule.actions:
@@ -399,3 +401,17 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
         kept = kept_output_bytes * sum(kind == forward and stage == last for kind, stage, _ in acts)
         peaks.append(max(peak, held + kept))  # the kept outputs merged into one more copy at the end
     return peaks
+
+
+def _peak_kept(acts: tuple[Action, ...], stash_bytes: list[int]) -> int:
+    """peak_held_bytes of one rank's program where nothing is recomputed: only a forward adds, so only it can peak."""
+    forward, backward, weight = ActionOp.FORWARD, ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT
+    held = peak = 0
+    for kind, stage, _ in acts:  # unpacked, not read by name: this sees every action
+        if kind == forward:
+            held += stash_bytes[stage]
+            if held > peak:
+                peak = held
+        elif kind == backward or kind == weight:
+            held -= stash_bytes[stage]
+    return peak

@@ -13,12 +13,13 @@ from collections import defaultdict
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-
-import simpy
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from parsim.errors import ScheduleError
 from parsim.progress import watch as watch_progress
+
+if TYPE_CHECKING:  # imported where a machine is made: a step the walk settles needs no SimPy (nor its start-up)
+    import simpy
 
 _NAN = float("nan")
 
@@ -255,6 +256,8 @@ class Machine:
     """Streams, shared resources and host threads in one SimPy environment."""
 
     def __init__(self) -> None:
+        import simpy
+
         self.env = simpy.Environment()
         self.streams: dict[str, Stream] = {}
         self.resources: dict[str, simpy.Resource] = {}
@@ -270,6 +273,8 @@ class Machine:
     def resource(self, name: str) -> simpy.Resource:
         """A unit that serves one op at a time: a copy engine, a link."""
         if name not in self.resources:
+            import simpy
+
             self.resources[name] = simpy.Resource(self.env, capacity=1)
         return self.resources[name]
 

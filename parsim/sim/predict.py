@@ -8,12 +8,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from parsim.budget import check_actions, stages_per_rank
-from parsim.errors import ProfileError
+from parsim.errors import ParsimError, ProfileError
 from parsim.profile import Profile
 from parsim.runtimes import get_runtime
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
-from parsim.sim.check import check_channel_order, validate
+from parsim.sim.check import check_channel_order, check_layout, validate
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import Settled, replicas_alike, settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
@@ -123,45 +123,65 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
     that slows it, the step is settled again until the slowdowns agree (parsim.sim.sharing), on the walk where it
     applies; there the first settlement (no slowdown) is a floor under the step (slowing an op delays nothing
     earlier: max-plus, and rounding is monotone), and where `give_up(floor)` is true, StepAbove is raised instead.
-    `recompute`: which backwards run their forward again (parsim.workload.recompute).
+    `recompute`: which backwards run their forward again (parsim.workload.recompute). The schedule is validated
+    (check.validate) where the walk does not vouch for it (settle_step's check).
     """
     with gc_paused():
-        validate(schedule, copy_streams, check_deadlock=False, check_order=False)  # the simulation finds these
-        buckets = gradient_buckets(costs) if data_parallel > 1 else None
-        gpus = schedule.num_ranks * data_parallel
+        try:
+            return _simulated(schedule, costs, profile, copy_streams, data_parallel, engine, give_up, recompute)
+        except (ParsimError, StepAbove):  # a schedule error named, or a profile's: as they are
+            raise
+        except Exception:  # what an invalid schedule can break before it is validated: named by validate if so
+            _validate(schedule, copy_streams)
+            raise
 
-        copies = data_parallel if engine != "events" and replicas_alike(profile, schedule, data_parallel) else 1
 
-        def lowered(slower: Slower | None = None, walked: int | None = None) -> tuple[Machine, OpTable]:
-            return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, walked,
-                                   recompute)
+def _validate(schedule: Schedule, copy_streams: bool) -> None:
+    """check.validate as simulate needs it: deadlocks and channel order are found by the simulation itself."""
+    validate(schedule, copy_streams, check_deadlock=False, check_order=False)
 
-        def run_machine() -> Machine:
-            return lowered()[0]
 
-        rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
-        early = early_receives(schedule) if rate < 1 else None
-        if early:
-            check_channel_order(schedule)
-            walked = _settle_sharing_walked(schedule, costs, profile, copy_streams, data_parallel, buckets, early,
-                                            rate, give_up, recompute) if engine != "events" else None
-            if walked is not None:
-                step, slower = walked
-                return Simulation(step.step_time_s, step.busy_s, lambda: lowered(slower)[0])
-            if engine == "longest-path":
-                raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
-            waits = early_waits(schedule, early, copy_streams)
-            machine, slower = settle_sharing(
-                lambda slow: _observed_machine(lowered(slow, data_parallel // copies), schedule, early, waits), rate)
-            return _simulation(machine, gpus, lambda: lowered(slower)[0], copies)
-        settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, recompute=recompute) \
-            if engine != "events" else None
-        if settled is not None:
-            return Simulation(settled.step_time_s, settled.busy_s, run_machine)
-        check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
+def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool, data_parallel: int,
+               engine: str, give_up: Callable[[float], bool] | None, recompute: str) -> Simulation:
+    """simulate's step: on the walk where it vouches for the schedule, else validated first."""
+    check_layout(schedule)
+    buckets = gradient_buckets(costs) if data_parallel > 1 else None
+    gpus = schedule.num_ranks * data_parallel
+
+    copies = data_parallel if engine != "events" and replicas_alike(profile, schedule, data_parallel) else 1
+
+    def lowered(slower: Slower | None = None, walked: int | None = None) -> tuple[Machine, OpTable]:
+        return lowered_machine(schedule, costs, profile, copy_streams, data_parallel, buckets, slower, walked,
+                               recompute)
+
+    def run_machine() -> Machine:
+        return lowered()[0]
+
+    rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
+    early = early_receives(schedule) if rate < 1 else None
+    if early:
+        _validate(schedule, copy_streams)
+        check_channel_order(schedule)
+        walked = _settle_sharing_walked(schedule, costs, profile, copy_streams, data_parallel, buckets, early,
+                                        rate, give_up, recompute) if engine != "events" else None
+        if walked is not None:
+            step, slower = walked
+            return Simulation(step.step_time_s, step.busy_s, lambda: lowered(slower)[0])
         if engine == "longest-path":
             raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
-        return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
+        waits = early_waits(schedule, early, copy_streams)
+        machine, slower = settle_sharing(
+            lambda slow: _observed_machine(lowered(slow, data_parallel // copies), schedule, early, waits), rate)
+        return _simulation(machine, gpus, lambda: lowered(slower)[0], copies)
+    settled = settle_step(schedule, costs, profile, copy_streams, data_parallel, buckets, recompute=recompute,
+                          check=True) if engine != "events" else None
+    if settled is not None:
+        return Simulation(settled.step_time_s, settled.busy_s, run_machine)
+    _validate(schedule, copy_streams)
+    check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
+    if engine == "longest-path":
+        raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
+    return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
 
 
 def _observed_machine(run: tuple[Machine, OpTable], schedule: Schedule, early: frozenset[Action],

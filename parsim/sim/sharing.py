@@ -40,7 +40,10 @@ def rate_beside(ratio: float, spin: float) -> float:
 
 
 def early_receives(schedule: Schedule) -> frozenset[Action]:
-    """The receives each rank posts ahead of a compute other than the one that consumes them."""
+    """The receives each rank posts ahead of a compute other than the one that consumes them: none where the schedule
+    is noted to post each right before its consumer (parsim.schedules.receives_at_use)."""
+    if schedule.__dict__.get("receives_at_use"):
+        return frozenset()
     early: set[Action] = set()
     for acts in schedule.actions:
         pending: list[Action] = []
