@@ -1,4 +1,5 @@
-"""`python -m hw {measure,calibrate,scenario,validate}`: run parsim's schedules with PyTorch, measure, calibrate."""
+"""`python -m hw {measure,calibrate,scenario,validate,profile}`: run parsim's schedules with PyTorch, measure,
+calibrate, and time a user's own model."""
 
 from __future__ import annotations
 

@@ -162,9 +162,9 @@ def main(args: argparse.Namespace) -> int:
     layers = user_layers(source_of(args.model, args.seq_len, args.layers, args.image_size), device=device)
     for _, module in layers.named:
         module.to(device, dtype).train()
+    per_layer = shapes(layers, device, dtype)
     print(f"hw profile: {layers.source.model} built, {len(layers.named)} layers ({time.perf_counter() - start:.1f} s)",
           file=sys.stderr)
-    per_layer = shapes(layers, device, dtype)
     groups = groups_of(layers, per_layer)
     modules = [m for _, m in layers.named]
     for k, n in enumerate(sizes):
@@ -176,10 +176,8 @@ def main(args: argparse.Namespace) -> int:
             group.rows.append(times[i:i + group.count])
             i += group.count
         print(f"hw profile: {n} samples per micro-batch timed ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
-    dtype_name = {v: k for k, v in {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                    "float16": torch.float16}.items()}.get(dtype, "float32")
     source = {f.name: getattr(layers.source, f.name) for f in fields(Source) if f.name != "file"}
-    source["dtype"] = dtype_name
+    source["dtype"] = str(dtype).removeprefix("torch.")
     elapsed = time.perf_counter() - start
     doc = {"profiled": _provenance(args, device, elapsed), "source": source, "samples": args.batch,
            "layers": [group_entry(g, sizes, torch.finfo(dtype).bits // 8) for g in groups]}

@@ -18,7 +18,7 @@ from parsim.profile import LayerCosts, Profile, layer_costs_from_json
 from parsim.workload.layers import MAX_DTYPE_BYTES, Part
 
 TARGETS = ("mse", "classes")  # the loss on the last layer's output: mean squared error, or cross-entropy over classes
-DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8}
+DTYPES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 FILE_FORMAT = ('a profiled model file, as `python -m hw profile` writes it: {"profiled": {...}, "source": {"model": '
                '...}, "samples": N, "layers": [{"name": ..., "costs": {...}, ...}]}')
 
