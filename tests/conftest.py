@@ -64,6 +64,24 @@ def transformer_profile(rates: dict[str, float] | None = None, fixed_s: float = 
     return Profile(profile.gpus_per_node, profile.links, profile.host, {**profile.layers, **costs}, meta=profile.meta)
 
 
+def one_device_step(model: object) -> tuple:
+    """Loss and gradients (by "layer.name") of the whole model on one CPU, on the whole batch, in fp64: what a
+    pipelined step of it must reproduce (assert_same_gradients)."""
+    import torch
+
+    from hw.nets.blocks import build_layers, loss_for
+    from hw.run.stage_runner import make_batch
+
+    layers = [layer.double() for layer in build_layers(model)]
+    x, y = make_batch(model, torch.device("cpu"), torch.float64)
+    out = x
+    for layer in layers:
+        out = layer(out)
+    loss = loss_for(model)(out, y)
+    loss.backward()
+    return loss.detach(), {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+
+
 def assert_same_gradients(results: list, last: int, loss: object, grads: dict) -> None:
     """A pipelined step's ranks (hw.run.runtimes.gradient_step_worker's RankGradients) against one device's loss and
     gradients: the last stage's rank `last` has the loss, the ranks together every gradient, each to rounding."""

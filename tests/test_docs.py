@@ -214,7 +214,7 @@ def test_the_readme_keeps_the_two_set_up_commands_and_ci_runs_the_second():
     text = README.read_text()
     assert "\npip install . && python -m parsim predict --schedule 1f1b --gpus 4\n" in text
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci == 'pip install "torch==2.13.0" -e ".[hw,test]" && ruff check && mypy && python -m pytest -q -n 2'
+    assert ci == 'pip install "torch==2.13.0" -e ".[hw,models,test]" && ruff check && mypy && python -m pytest -q -n 2'
     assert f"\n{ci}\n" in text
 
 

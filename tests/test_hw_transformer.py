@@ -4,17 +4,16 @@ saved activations), and pipelined gradients equal to one device's on gloo."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_same_gradients
+from conftest import assert_same_gradients, one_device_step
 
 torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
-from hw.nets.blocks import build_layers, layer_module, loss_for  # noqa: E402
+from hw.nets.blocks import layer_module  # noqa: E402
 from hw.nets.transformer import RMSNormFunction, lm_loss  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.stage_runner import make_batch  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import Decoder, Embedding, Head, TransformerShape, transformer_model  # noqa: E402
 
@@ -121,20 +120,6 @@ def test_rms_norm_gradients_are_exact_and_it_matches_torchs():
 MODEL = transformer_model(LLAMA, 2, 6)  # embedding, 2 blocks, head: 4 layers, 6 sequences
 
 
-def _reference(model):
-    """Loss and gradients of the whole model on one device, on the whole batch."""
-    layers = build_layers(model)
-    for layer in layers:
-        layer.double()
-    x, y = make_batch(model, torch.device("cpu"), torch.float64)
-    out = x
-    for layer in layers:
-        out = layer(out)
-    loss = loss_for(model)(out, y)
-    loss.backward()
-    return loss.detach(), {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
-
-
 @pytest.mark.parametrize("name,ranks,microbatches,virtual", [
     ("gpipe", 2, 3, None), ("1f1b", 2, 6, None), ("zb-h1", 2, 3, None), ("interleaved-1f1b", 2, 2, 2),
 ])
@@ -142,7 +127,7 @@ def test_pipelined_transformer_matches_single_device_loss_and_gradients(name, ra
     """Token ids in, the embedding on the first stage, the head and its cross-entropy on the last."""
     schedule = build(name, ranks, microbatches, virtual)
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64), timeout_s=30, deadline_s=120)
-    assert_same_gradients(results, schedule.stage_to_rank[-1], *_reference(MODEL))
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
 
 
 def _cpu_peak_bytes(runner, io) -> int:

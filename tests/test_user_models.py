@@ -8,7 +8,7 @@ import json
 
 import pytest
 from clirun import one_error_line, run
-from conftest import assert_same_gradients, make_profile
+from conftest import assert_same_gradients, make_profile, one_device_step
 
 from parsim.cli import main as parsim_main
 from parsim.profile import LayerCosts, OpCost
@@ -20,10 +20,8 @@ from parsim.workload.timed import Source, TimedLayer, priced
 torch = pytest.importorskip("torch")
 
 from hw.__main__ import main as hw_main  # noqa: E402
-from hw.nets.blocks import build_layers, loss_for  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.stage_runner import make_batch  # noqa: E402
 
 SOURCE = Source("tests:none")
 
@@ -105,15 +103,7 @@ def test_a_profiled_model_pipelined_matches_one_device(mlp_file, runtime, name):
     schedule = get_runtime(runtime).build(name, 2, 4)
     results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64, None, 1, runtime), timeout_s=30,
                     deadline_s=120)
-    layers = [layer.double() for layer in build_layers(model)]
-    x, y = make_batch(model, torch.device("cpu"), torch.float64)
-    out = x
-    for layer in layers:
-        out = layer(out)
-    loss = loss_for(model)(out, y)
-    loss.backward()
-    grads = {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
-    assert_same_gradients(results, schedule.stage_to_rank[-1], loss.detach(), grads)
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(model))
 
 
 def test_a_resnet_is_split_into_stem_blocks_and_head(tmp_path):
