@@ -1,25 +1,31 @@
 """Tensor parallelism in hw: each pipeline rank is a group of t processes splitting its stages' MLP blocks with torch's
 tensor-parallel API (parallelize_module: fc1 ColwiseParallel, fc2 RowwiseParallel; the layernorm replicated), on a
-3-D DeviceMesh (dp, pp, tp), TP innermost as parsim lays ranks out (parsim.configuration.Configuration).
+1-D DeviceMesh of its TP group, TP innermost as parsim lays ranks out (parsim.configuration.Configuration).
 
-Global rank g = (replica x P + pipeline rank) x t + TP index. Messages between pipeline ranks go from TP index i to
-TP index i of the next rank (each holds the whole activation: no sequence parallelism here), on hw's runner.
+Global rank g = pipeline rank x t + TP index (one replica: hw does not combine data and tensor parallelism yet).
+Every rank of a TP group takes the whole batch. Messages between pipeline ranks go from TP index i to TP index i of
+the next rank (each holds the whole activation: no sequence parallelism here), on hw's runner; torch's runtime
+(PipelineStage) talks in the group of the pipeline's ranks at its TP index.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from hw.nets.blocks import MlpBlock, loss_for
-from hw.run.runtimes import RankGradients
-from hw.run.stage_runner import Groups, StageRunner, channel_groups, grad_of, replica_batch, stage_modules
+from hw.run.stage_runner import Groups, StageRunner, channel_groups, stage_modules
+from hw.run.torch_stages import TorchRunner
+from hw.run.torch_stages import refuse as refuse_torch
 from parsim.errors import ParsimError
 from parsim.schedules import Schedule
-from parsim.workload import Model, stage_layers
+from parsim.workload import Model
 
 
 def place(rank: int, num_ranks: int, t: int) -> tuple[int, int, int]:
@@ -29,9 +35,23 @@ def place(rank: int, num_ranks: int, t: int) -> tuple[int, int, int]:
     return replica, q, index
 
 
-def tp_mesh(device: torch.device, data_parallel: int, num_ranks: int, t: int) -> DeviceMesh:
-    """The (dp, pp, tp) mesh of every rank; every process makes it, as torch needs."""
-    return init_device_mesh(device.type, (data_parallel, num_ranks, t), mesh_dim_names=("dp", "pp", "tp"))
+@dataclass(frozen=True)
+class TpGroups:
+    """The groups of one pipeline whose ranks are TP groups of `degree` processes; every rank makes them all."""
+
+    degree: int
+    tp: dict[int, dist.ProcessGroup]  # pipeline rank -> its TP group's
+    channels: dict[int, dict[tuple[int, int], dist.ProcessGroup]]  # TP index -> hw's channel groups at that index
+    pipes: dict[int, dist.ProcessGroup]  # TP index -> the pipeline's ranks at that index (torch's runtime)
+
+
+def tp_groups(schedule: Schedule, groups: Groups, t: int) -> TpGroups:
+    """Every group a TP job of `schedule` over t-process ranks talks in, made in one order on every rank."""
+    p = schedule.num_ranks
+    tp = {q: groups(tuple(range(q * t, (q + 1) * t))) for q in range(p)}
+    channels = {i: channel_groups(schedule, groups, i, t) for i in range(t)}
+    pipes = {i: groups(tuple(range(i, p * t, t))) for i in range(t)}
+    return TpGroups(t, tp, channels, pipes)
 
 
 def parallelize_stage(stage: nn.Module, mesh: DeviceMesh) -> nn.Module:
@@ -44,35 +64,57 @@ def parallelize_stage(stage: nn.Module, mesh: DeviceMesh) -> nn.Module:
     return stage
 
 
-def tp_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype, t: int,
-              data_parallel: int = 1) -> tuple[StageRunner, dict[int, nn.Module], int]:
-    """This rank's hw runner over its stages split t ways, and its replica (one step's gradients are not averaged
-    over replicas here). Makes every group and the mesh in one order on every rank."""
-    p = schedule.num_ranks
-    groups = Groups()
-    channels = {(r, i): channel_groups(schedule, groups, r * p * t + i, t) for r in range(data_parallel)
-                for i in range(t)}
-    mesh = tp_mesh(device, data_parallel, p, t)
-    replica, q, index = place(rank, p, t)
-    stages = {s: parallelize_stage(m, mesh["tp"]) for s, m in stage_modules(model, schedule, q, device, dtype).items()}
-    runner = StageRunner(schedule, q, stages, channels[replica, index], loss_for(model), offset=replica * p * t + index,
-                         stride=t)
-    return runner, stages, replica
+def split_stages(model: Model, schedule: Schedule, rank: int, device: torch.device, dtype: torch.dtype,
+                 made: TpGroups) -> tuple[dict[int, nn.Module], int, int]:
+    """Global `rank`'s stages split over its TP group's mesh, its pipeline rank and TP index."""
+    check_model(model)
+    _, q, index = place(rank, schedule.num_ranks, made.degree)
+    mesh = DeviceMesh.from_group(made.tp[q], device.type, mesh_dim_names=("tp",))
+    stages = {s: parallelize_stage(m, mesh) for s, m in stage_modules(model, schedule, q, device, dtype).items()}
+    return stages, q, index
+
+
+def check_model(model: Model) -> None:
+    """One clear error for a model hw does not split over tensor-parallel ranks yet."""
+    kinds = sorted({layer.kind for layer in model.layers} - {"mlp"})
+    if kinds:
+        raise ParsimError(f"hw runs tensor parallelism on MLP stacks; this model has {', '.join(kinds)} layers")
+
+
+def refuse(data_parallel: int, copy_streams: bool, recompute: str = "never") -> None:
+    """One clear error for what hw does not run under tensor parallelism."""
+    if data_parallel > 1:
+        raise ParsimError("hw runs tensor parallelism on one pipeline replica; --data-parallel with "
+                          "--tensor-parallel is predicted by parsim only")
+    if recompute != "never":
+        raise ParsimError("hw does not recompute tensor-parallel stages; --recompute needs --tensor-parallel 1")
+
+
+def tp_hw_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
+                 made: TpGroups, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never",
+                 ) -> tuple[StageRunner, dict[int, nn.Module], int]:
+    """Global `rank`'s hw runner over its stages split t ways, its stages and its replica (0)."""
+    refuse(data_parallel, copy_streams, recompute)
+    stages, q, index = split_stages(model, schedule, rank, device, dtype, made)
+    runner = StageRunner(schedule, q, stages, made.channels[index], loss_for(model), offset=index, stride=made.degree,
+                         copy_streams=copy_streams)
+    return runner, stages, 0
+
+
+def tp_torch_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
+                    made: TpGroups, data_parallel: int = 1, copy_streams: bool = False,
+                    ) -> tuple[TorchRunner, dict[int, nn.Module], int]:
+    """Global `rank`'s stages split t ways in torch's PipelineStages on its TP index's pipeline group."""
+    refuse_torch(data_parallel, copy_streams)
+    stages, _, index = split_stages(model, schedule, rank, device, dtype, made)
+    return TorchRunner(schedule, stages, device, made.pipes[index]), stages, 0
 
 
 def whole(g: torch.Tensor) -> torch.Tensor:
-    """A gradient as the unsplit model holds it: a DTensor's gathered, a replicated one's as it is."""
+    """A tensor as the unsplit model holds it: a DTensor's gathered, a plain one as it is."""
     return g.full_tensor() if isinstance(g, DTensor) else g
 
 
-def tp_gradient_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
-                       dtype: torch.dtype, t: int) -> RankGradients:
-    """One step on hw's runner with tensor parallelism of `t`: this rank's loss (last stage) and its stages'
-    gradients, gathered whole, by global name ("layer.name")."""
-    runner, stages, replica = tp_runner(schedule, model, rank, device, dtype, t)
-    loss = runner.step(replica_batch(model, schedule, replica, 1, device, dtype))
-    layer_ids = stage_layers(model, schedule.num_stages)
-    grads = {f"{layer_ids[s][k]}.{name}": whole(grad_of(p)).cpu()
-             for s, module in stages.items() for k, layer in enumerate(module.children())
-             for name, p in layer.named_parameters()}
-    return RankGradients(None if loss is None else loss.cpu(), grads, replica)
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this process holds: a DTensor's local shard, a plain one itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
