@@ -46,3 +46,85 @@ def test_ranks_are_laid_out_tp_innermost_then_pipeline_then_data_parallel():
 def test_what_hw_does_not_run_under_tensor_parallelism_is_refused(runtime, dp, recompute, says):
     with pytest.raises(ParsimError, match=says):
         check_runs(runtime, dp, False, recompute, tensor_parallel=2)
+
+
+def _hw(*argv: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hw", *argv], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("runtime,schedule,gpus", [("hw", "1f1b", 2), ("torch", "gpipe", 4)])
+def test_measure_times_a_tensor_parallel_step_on_every_rank_of_its_groups(runtime, schedule, gpus):
+    """hw measure --tensor-parallel 2 on 2 gloo processes (one pipeline rank) and 4 (two), end to end."""
+    import json
+
+    r = _hw("measure", "--cpu", "--gpus", str(gpus), "--tensor-parallel", "2", "--runtime", runtime, "--schedule",
+            schedule, "--microbatches", "2", "--layers", "2", "--hidden", "16", "--tokens", "8", "--steps", "2",
+            "--warmup", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["config"]["tensor_parallel"] == 2 and out["config"]["gpus"] == gpus
+    assert [s["rank"] for s in out["per_stage"]] == list(range(0, gpus, 2))  # each stage's TP index 0
+    assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in out["per_stage"])
+    assert out["step_time_s"] > 0 and out["single_device_step_s"] > 0
+
+
+def test_validate_measures_tensor_parallel_points_and_predicts_them_with_parsims_tp_model(tmp_path):
+    """Each TP point's prediction is parsim's of the same configuration with its tensor_parallel (not tp=1's), and
+    compare re-predicts the CSV to the same numbers."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from parsim.compare import read_points, repredict
+    from parsim.configuration import Configuration, predict
+    from parsim.profile import load_profile
+    from parsim.workload import model_from_spec
+
+    shipped = Path(__file__).parent.parent / "parsim" / "profiles" / "default.json"
+    out = tmp_path / "v"
+    r = _hw("validate", "--cpu", "--gpus", "2", "--tensor-parallel", "1,2", "--runtimes", "hw,torch", "--schedules",
+            "gpipe", "--microbatches", "2", "--models", "2x16x8", "--steps", "2", "--warmup", "1", "--profile",
+            str(shipped), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    points = read_points(out / "results.csv")
+    assert sorted((p.tensor_parallel, p.runtime) for p in points) == [(1, "hw"), (1, "torch"), (2, "hw"),
+                                                                      (2, "torch")]
+    profile = load_profile(shipped)
+    for p in points:
+        config = Configuration(model_from_spec("2x16x8"), "gpipe", 2, 2, runtime=p.runtime,
+                               tensor_parallel=p.tensor_parallel)
+        assert p.predicted_s == pytest.approx(predict(config, profile)[0].step_time_s, rel=1e-12)
+        assert p.measured_s > 0
+    tp2 = [p for p in points if p.tensor_parallel == 2]
+    assert tp2 and all(p.predicted_s != predict(replace(p, tensor_parallel=1).configuration(), profile)[0].step_time_s
+                       for p in tp2)
+    again = repredict([replace(p, predicted_s=1.0, predicted_peak_bytes=0) for p in points], profile)
+    assert [p.predicted_s for p in again] == pytest.approx([p.predicted_s for p in points], rel=1e-12)
+    assert [p.predicted_peak_bytes for p in again] == [p.predicted_peak_bytes for p in points]
+    assert "gpipe tp2" in _hw_compare(out / "results.csv")
+
+
+def _hw_compare(path) -> str:
+    """`parsim compare` of this checkout on `path`, run in its folder (where it writes its plots)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    r = subprocess.run([sys.executable, "-m", "parsim", "compare", "--measured", str(path)], capture_output=True,
+                       text=True, cwd=path.parent, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("argv,says", [
+    (("--runtime", "graphs"), "tensor parallelism under the hw and torch runtimes"),
+    (("--data-parallel", "2", "--gpus", "4"), "one pipeline replica"),
+    (("--conv",), "no matmuls parsim splits"),
+])
+def test_measure_refuses_what_hw_does_not_run_under_tensor_parallelism_in_one_line(argv, says):
+    r = _hw("measure", "--cpu", "--gpus", "2", "--tensor-parallel", "2", *argv)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
