@@ -128,3 +128,42 @@ def _hw_compare(path) -> str:
 def test_measure_refuses_what_hw_does_not_run_under_tensor_parallelism_in_one_line(argv, says):
     r = _hw("measure", "--cpu", "--gpus", "2", "--tensor-parallel", "2", *argv)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_llama_transformer_split_two_ways_gets_the_single_devices_loss_and_gradients():
+    """Vocab-parallel embedding, column/row-parallel attention (heads / 2 a process) and MLP, vocab-parallel head
+    with its cross-entropy under loss_parallel: on 2 processes (TP 2) and 4 (TP 2 x PP 2, 1F1B), every gathered
+    gradient and the loss equal the unsplit model's."""
+    from test_hw_transformer import MODEL as LLAMA
+    from test_hw_transformer import _reference as llama_reference
+
+    loss, grads = llama_reference(LLAMA)
+    for name, ranks, microbatches, t in [("gpipe", 1, 2, 2), ("1f1b", 2, 3, 2)]:
+        schedule = get_runtime("hw").build(name, ranks, microbatches)
+        results = spawn(gradient_step_worker, ranks * t, (schedule, LLAMA, torch.float64, None, 1, "hw", "never", t),
+                        timeout_s=30, deadline_s=120)
+        last = schedule.stage_to_rank[-1] * t
+        assert_same_gradients(results, last, loss, grads)
+        for r in results:
+            assert all(torch.allclose(g, grads[k], rtol=1e-10, atol=1e-14) for k, g in r.grads.items())
+        for r in results[last:last + t]:
+            assert torch.allclose(r.loss, loss, rtol=1e-12, atol=0)
+
+
+def test_hw_splits_mlp_stacks_and_llama_transformers_and_refuses_the_rest_in_one_line():
+    from dataclasses import replace
+
+    from test_hw_transformer import LLAMA
+    from test_hw_transformer import MODEL as LLAMA_MODEL
+
+    from hw.run.tensor_parallel import check_model
+    from parsim.workload import transformer_model
+
+    check_model(MODEL)
+    check_model(MODEL, "torch")
+    check_model(LLAMA_MODEL)
+    with pytest.raises(ParsimError, match="under the torch runtime on MLP stacks; this model has embed, head, llama"):
+        check_model(LLAMA_MODEL, "torch")
+    gpt = transformer_model(replace(LLAMA, variant="gpt", kv_heads=4, positions=12), 1, 6)
+    with pytest.raises(ParsimError, match="this model has gpt layers"):
+        check_model(gpt)

@@ -101,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
     prepared = prepare(config, given or load_profile())  # checked, built and split as `parsim predict` does
     schedule, model = prepared.schedule, prepared.model
     if args.tensor_parallel > 1:
-        check_model(model)
+        check_model(model, args.runtime)
     check_recompute(schedule, args.recompute)
     validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")

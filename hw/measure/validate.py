@@ -162,7 +162,7 @@ def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, 
         check_runs(runtime, replicas, copy_streams, recompute, tp)
         check_tensor_parallel(model, TensorParallel(tp))
         if tp > 1:
-            check_model(model)
+            check_model(model, runtime)
         schedule = get_runtime(runtime).build(name, gpus // (replicas * tp), microbatches)
         check_recompute(schedule, recompute)
     except ParsimError:

@@ -1,6 +1,9 @@
-"""Tensor parallelism in hw: each pipeline rank is a group of t processes splitting its stages' MLP blocks with torch's
-tensor-parallel API (parallelize_module: fc1 ColwiseParallel, fc2 RowwiseParallel; the layernorm replicated), on a
-1-D DeviceMesh of its TP group, TP innermost as parsim lays ranks out (parsim.configuration.Configuration).
+"""Tensor parallelism in hw: each pipeline rank is a group of t processes splitting its stages' layers with torch's
+tensor-parallel API (parallelize_module, PLANS) on a 1-D DeviceMesh of its TP group, TP innermost as parsim lays ranks
+out (parsim.configuration.Configuration), as parsim.workload.tensor_parallel models it: an MLP block's fc1
+column-parallel and fc2 row-parallel; a Llama block's q, k, v, gate and up column-parallel, its o and down
+row-parallel (heads / t per process); the embedding vocab-parallel (RowwiseParallel on nn.Embedding) and the head
+vocab-parallel, its cross-entropy on the sharded logits under torch's loss_parallel. Norms are replicated.
 
 Global rank g = pipeline rank x t + TP index (one replica: hw does not combine data and tensor parallelism yet).
 Every rank of a TP group takes the whole batch. Messages between pipeline ranks go from TP index i to TP index i of
@@ -10,22 +13,30 @@ the next rank (each holds the whole activation: no sequence parallelism here), o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 from hw.nets.blocks import MlpBlock, loss_for
-from hw.run.stage_runner import Groups, StageRunner, channel_groups, stage_modules
+from hw.nets.transformer import LlamaBlock, LMHead, TokenEmbedding
+from hw.run.stage_runner import Groups, StageRunner, StepIO, channel_groups, stage_modules
 from hw.run.torch_stages import TorchRunner
 from hw.run.torch_stages import refuse as refuse_torch
 from parsim.errors import ParsimError
-from parsim.schedules import Schedule
-from parsim.workload import Model
+from parsim.schedules import Action, Schedule
+from parsim.workload import Head, Model
 
 
 def place(rank: int, num_ranks: int, t: int) -> tuple[int, int, int]:
@@ -54,13 +65,28 @@ def tp_groups(schedule: Schedule, groups: Groups, t: int) -> TpGroups:
     return TpGroups(t, tp, channels, pipes)
 
 
+def _llama_plan() -> dict[str, ParallelStyle]:
+    return {**{name: ColwiseParallel() for name in ("wq", "wk", "wv", "gate", "up")},
+            "wo": RowwiseParallel(), "down": RowwiseParallel()}
+
+
+# each layer module's split: submodule name -> torch's style (a fresh plan per module)
+PLANS: dict[type[nn.Module], Callable[[], dict[str, ParallelStyle]]] = {
+    MlpBlock: lambda: {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()},
+    LlamaBlock: _llama_plan,
+    TokenEmbedding: lambda: {"tokens": RowwiseParallel(input_layouts=Replicate())},  # rows of the vocabulary
+    LMHead: lambda: {"out": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)},  # logits by vocab
+}
+SPLIT_KINDS = ("mlp", "llama", "embed", "head")  # parsim's layer kinds hw splits (PLANS' modules)
+
+
 def parallelize_stage(stage: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Each MLP block of `stage` split over the 1-D mesh `mesh` (Megatron's column- then row-parallel linears)."""
-    plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-    for block in stage.children():
-        if not isinstance(block, MlpBlock):
-            raise ParsimError(f"hw splits MLP blocks over tensor-parallel ranks, not {type(block).__name__}")
-        parallelize_module(block, mesh, plan)
+    """Each layer of `stage` split over the 1-D mesh `mesh` as PLANS says (Megatron's column- then row-parallel
+    linears, the embedding and head by vocabulary)."""
+    for layer in stage.children():
+        if type(layer) not in PLANS:
+            raise ParsimError(f"hw does not split {type(layer).__name__} over tensor-parallel ranks")
+        parallelize_module(layer, mesh, PLANS[type(layer)]())
     return stage
 
 
@@ -74,11 +100,27 @@ def split_stages(model: Model, schedule: Schedule, rank: int, device: torch.devi
     return stages, q, index
 
 
-def check_model(model: Model) -> None:
-    """One clear error for a model hw does not split over tensor-parallel ranks yet."""
-    kinds = sorted({layer.kind for layer in model.layers} - {"mlp"})
+def check_model(model: Model, runtime: str = "hw") -> None:
+    """One clear error for a model hw does not split over tensor-parallel ranks yet (under torch's runtime: MLP
+    stacks only, its loss not being run under loss_parallel)."""
+    kinds = sorted({layer.kind for layer in model.layers} - set(SPLIT_KINDS if runtime == "hw" else ("mlp",)))
     if kinds:
-        raise ParsimError(f"hw runs tensor parallelism on MLP stacks; this model has {', '.join(kinds)} layers")
+        runs = "MLP stacks and Llama transformers" if runtime == "hw" else "MLP stacks"
+        raise ParsimError(f"hw runs tensor parallelism under the {runtime} runtime on {runs}; this model has "
+                          f"{', '.join(kinds)} layers")
+
+
+class LossParallelRunner:
+    """hw's runner over a vocab-parallel head: each step under torch's loss_parallel (the cross-entropy of the
+    sharded logits, forward and backward), its loss whole."""
+
+    def __init__(self, runner: StageRunner):
+        self.runner = runner
+
+    def step(self, io: StepIO, observe: Callable[[Action, str], None] | None = None) -> torch.Tensor | None:
+        with loss_parallel():
+            loss = self.runner.step(io, observe)
+        return None if loss is None else whole(loss)
 
 
 def refuse(data_parallel: int, copy_streams: bool, recompute: str = "never") -> None:
@@ -92,13 +134,14 @@ def refuse(data_parallel: int, copy_streams: bool, recompute: str = "never") -> 
 
 def tp_hw_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
                  made: TpGroups, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never",
-                 ) -> tuple[StageRunner, dict[int, nn.Module], int]:
-    """Global `rank`'s hw runner over its stages split t ways, its stages and its replica (0)."""
+                 ) -> tuple[StageRunner | LossParallelRunner, dict[int, nn.Module], int]:
+    """Global `rank`'s hw runner over its stages split t ways (under loss_parallel where the model ends in a
+    head), its stages and its replica (0)."""
     refuse(data_parallel, copy_streams, recompute)
     stages, q, index = split_stages(model, schedule, rank, device, dtype, made)
     runner = StageRunner(schedule, q, stages, made.channels[index], loss_for(model), offset=index, stride=made.degree,
                          copy_streams=copy_streams)
-    return runner, stages, 0
+    return (LossParallelRunner(runner) if isinstance(model.layers[-1], Head) else runner), stages, 0
 
 
 def tp_torch_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
@@ -106,6 +149,7 @@ def tp_torch_runner(schedule: Schedule, model: Model, rank: int, device: torch.d
                     ) -> tuple[TorchRunner, dict[int, nn.Module], int]:
     """Global `rank`'s stages split t ways in torch's PipelineStages on its TP index's pipeline group."""
     refuse_torch(data_parallel, copy_streams)
+    check_model(model, "torch")
     stages, _, index = split_stages(model, schedule, rank, device, dtype, made)
     return TorchRunner(schedule, stages, device, made.pipes[index]), stages, 0
 
