@@ -5,8 +5,9 @@ returns (runner, its stage modules by stage index, its replica); the runner's `s
 rank's part of one training step and returns the loss on the last stage. hw's own eager runner is
 hw.run.stage_runner's StageRunner; hw.run.cuda_graphs' GraphRunner replays each action as a CUDA graph ("graphs"), or a
 one-GPU step as one graph ("graphs-step"); hw.run.torch_stages steps torch.distributed.pipelining's own classes
-("torch"). A runner whose `pins_host` is False is timed with its host thread unpinned: hw.run.ranks.host_pinned
-is how hw times its own runners, not how people run others.
+("torch"). Under tensor parallelism (TP_RUNNERS) hw's runner and torch's step stages split over each pipeline
+rank's processes (hw.run.tensor_parallel). A runner whose `pins_host` is False is timed with its host thread
+unpinned: hw.run.ranks.host_pinned is how hw times its own runners, not how people run others.
 
 The groups a runner gets are made on every rank before its job, as torch needs: hw's channel groups
 (hw.run.stage_runner.replica_groups), or what the runtime registers in GROUPS.
