@@ -36,6 +36,7 @@ from parsim.workload import (
     named_model,
 )
 from parsim.workload.recompute import MODES
+from parsim.workload.tensor_parallel import DEGREES
 
 _positive_int = flags.positive_int
 _int_list = flags.whole_list()
@@ -84,6 +85,24 @@ def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: s
     if recompute:
         add_recompute_arg(p)
     add_runtime_arg(p, default=runtime)
+
+
+MAX_TP = 1024  # --tensor-parallel: GPUs of one node; more than any node has
+
+
+def add_tensor_parallel_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """--tensor-parallel (one degree, or for plan the degrees to try) and --sequence-parallel; shared with hw."""
+    if many:
+        p.add_argument("--tensor-parallel", type=flags.whole_list(1, MAX_TP), default=list(DEGREES), metavar="T,T,..",
+                       help="tensor-parallel degrees to try, each dividing the GPUs, a node's GPUs and the model's "
+                            "heads and widths (default 1,2,4,8)")
+    else:
+        p.add_argument("--tensor-parallel", type=flags.whole(1, MAX_TP), default=1, metavar="T",
+                       help="GPUs of one node splitting each layer's matmuls (Megatron's column- and row-parallel "
+                            "linears); --gpus / (T x D) pipeline ranks (default 1)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with tensor parallelism: norms and activations split by sequence too, each all-reduce a "
+                        "reduce-scatter and an all-gather")
 
 
 def add_recompute_arg(p: argparse.ArgumentParser) -> None:
@@ -163,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=_positive_int, help="micro-batches per step (default 4 x GPUs)")
     p.add_argument("--virtual-stages", type=_positive_int, metavar="V",
                    help="stages per GPU, for interleaved-1f1b (default 2)")
+    add_tensor_parallel_args(p)
     _add_model_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--trace", type=flags.path, metavar="FILE",
@@ -176,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--virtual-stages", type=_positive_int, metavar="V", help="for interleaved-1f1b (default 2)")
     s.add_argument("--microbatches", type=_int_list, default=[1, 2, 4, 8, 16, 32],
                    help="comma-separated counts (default 1,2,4,8,16,32)")
+    add_tensor_parallel_args(s)
     _add_model_args(s)
     s.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
@@ -195,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--recompute", choices=("auto", "never"), default="auto",
                     help="auto: a configuration over the memory limit is offered recomputed (except-last, else "
                          "always) where that fits it, on hw's runner; never: every activation kept (default auto)")
+    add_tensor_parallel_args(pl, many=True)
     _add_model_args(pl, balance=False, runtime=None, recompute=False)  # its own --recompute, above
 
     sc = _command(sub, "scenario")
@@ -224,11 +246,14 @@ def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule:
     # predict passes --virtual-stages on, so a schedule that has none refuses it; sweep mixes
     # schedules, so there it applies to the interleaved ones only
     virtual = args.virtual_stages if schedule in VIRTUAL or args.command == "predict" else None
-    dp = args.data_parallel
+    dp, t = args.data_parallel, args.tensor_parallel
     if args.gpus % dp:
         raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replicas")
+    if args.gpus % (dp * t):
+        raise ParsimError(f"--gpus {args.gpus} does not split into {dp} data-parallel replica(s) of "
+                          f"--tensor-parallel {t} GPUs per pipeline rank")
     config = Configuration(model, schedule, args.gpus, microbatches, virtual, dp, args.runtime, args.copy_streams,
-                           partition_from_args(args), args.recompute)
+                           partition_from_args(args), args.recompute, t, args.sequence_parallel)
     check(config)  # before anything is built
     runtime_for(args)
     with gc_paused():  # a large schedule is 400k actions: the cycle collector would walk them again and again
@@ -250,7 +275,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with Outputs() as outputs:  # both files or neither, checked before the work
         trace, plot = outputs.add(args.trace, "--trace"), outputs.add(args.plot, "--plot")
         profile, model = load_profile(args.profile), model_from_args(args)
-        m = args.microbatches or 4 * (args.gpus // args.data_parallel or 1)
+        m = args.microbatches or 4 * (args.gpus // (args.data_parallel * args.tensor_parallel) or 1)
         if trace or plot:  # a timeline holds every op: refused past a smaller bound, before anything runs
             check_actions(args.schedule, args.gpus, m, args.virtual_stages, timeline=True)
         with Progress("predict"):
@@ -318,7 +343,8 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
     runtimes = [runtime_for(args)] if args.runtime else None
     found = search(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtimes[0] if runtimes else None),
                    args.partition, runtimes, args.top, args.jobs or default_jobs(), progress=True,
-                   optimizer=args.optimizer, recompute=args.recompute == "auto")
+                   optimizer=args.optimizer, recompute=args.recompute == "auto",
+                   degrees=tuple(args.tensor_parallel), sequence=args.sequence_parallel)
     fits, too_big = found.fits, found.too_big
     print(f"model {model.name} on {args.gpus} GPU(s); profile {profile.describe()}")
     print(f"memory per GPU: {OPTIMIZERS[args.optimizer]}, plus peak activations and working memory; limit "
@@ -343,6 +369,8 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
     if redone:
         print(f"{redone} of these fit only by recomputing (torchgpipe's checkpointing: each recomputed micro-batch's "
               "forward runs again in its backward; `hw measure --recompute` runs it)")
+    print(f"tensor-parallel degree (tp=T in a configuration; 1 where not shown) tried: "
+          f"{', '.join(map(str, found.degrees)) or 'none'}" + (", with sequence parallelism" * args.sequence_parallel))
     print(f"considered {found.considered} configurations: {found.pruned} pruned by a lower bound on step time, "
           f"{len(too_big)} over the memory limit, {found.cannot_run} that the schedule or runtime refuses, "
           f"{found.simulated} simulated; {found.seconds:.1f} s on {found.jobs} process(es)"

@@ -59,6 +59,7 @@ class Point:
     host_probe_s: float = 0.0  # the host probe's median step in the point's turn (parsim.hostprobe); 0: none
     predicted_at_host_s: float = 0.0  # the prediction at that turn's measured host speed; 0: no probe
     recompute: str = "never"  # which micro-batches' forwards ran again (parsim.workload.recompute)
+    tensor_parallel: int = 1  # GPUs splitting each pipeline rank's layers (parsim.workload.tensor_parallel)
 
     @property
     def memory_error(self) -> float | None:
@@ -71,7 +72,7 @@ class Point:
         """The measured configuration, to predict again."""
         return Configuration(self.workload(), self.schedule, self.gpus, self.microbatches,
                              data_parallel=self.data_parallel, runtime=self.runtime, copy_streams=self.copy_streams,
-                             recompute=self.recompute)
+                             recompute=self.recompute, tensor_parallel=self.tensor_parallel)
 
     def workload(self) -> Model:
         """The measured model, rebuilt from its spec."""
@@ -82,6 +83,7 @@ class Point:
         """The schedule as the table and plots name it, with its variant."""
         return ((f"{self.runtime}:" if self.runtime != "hw" else "") + self.schedule
                 + (f" dp{self.data_parallel}" if self.data_parallel > 1 else "")
+                + (f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else "")
                 + (" copy-streams" if self.copy_streams else "")
                 + (f" recompute={self.recompute}" if self.recompute != "never" else ""))
 
@@ -196,9 +198,10 @@ def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
         try:
             times = _times(row)
             sizes = {c: _size(row, c) for c in ("gpus", "microbatches", "layers", "hidden", "tokens")}
-            dp = _size(row, "data_parallel", "1")
-            if dp < 1 or sizes["gpus"] % dp:
-                raise ValueError(f"data_parallel {dp} does not divide gpus {sizes['gpus']}")
+            dp, tp = _size(row, "data_parallel", "1"), _size(row, "tensor_parallel", "1")  # old CSVs: 1
+            if sizes["gpus"] % (dp * tp):
+                times_tp = f" x tensor_parallel {tp}" if tp > 1 else ""
+                raise ValueError(f"data_parallel {dp}{times_tp} does not divide gpus {sizes['gpus']}")
             copy = (row.get("copy_streams") or "").strip().lower() in ("1", "true", "yes")
             runtime = (row.get("runtime") or "hw").strip()
             schedule = _schedule(row, get_runtime(runtime))
@@ -211,7 +214,7 @@ def _points(reader: csv.DictReader[str], path: str | Path) -> list[Point]:
             columns: dict[str, Any] = {**sizes, **times, **peaks}
             point = Point(schedule, excluded=(row.get("excluded") or "").strip(), data_parallel=dp,
                           copy_streams=copy, spec=(row.get("model") or "").strip(), runtime=runtime,
-                          host_probe_s=probe_s, recompute=recompute, **columns)
+                          host_probe_s=probe_s, recompute=recompute, tensor_parallel=tp, **columns)
             point.workload()  # a bad spec is this line's error, not a later one's
             check_actions(point.schedule, point.gpus, point.microbatches,
                           fix="compare predicts every row: leave this one out")  # before any row is predicted
@@ -242,7 +245,7 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
             p = replace(p, runtime=runtime)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
-        peak = p.predicted_peak_bytes or peak_bytes(p.workload(), prepared.schedule, p.data_parallel, "none",
+        peak = p.predicted_peak_bytes or peak_bytes(prepared.run_model, prepared.schedule, p.data_parallel, "none",
                                                     p.recompute, prepared.runtime.keeps_outputs)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
@@ -331,16 +334,18 @@ def ranking_lines(points: list[Point]) -> list[str]:
     """Per model, GPU count, micro-batch count and runtime where several schedules ran: the one measured
     fastest and the one predicted fastest ("what should I run?" asked of the measured grid; of schedules predicted
     equally fast to the nanosecond, the one predicted to need less memory, as plan ranks them)."""
-    groups: dict[tuple[str, int, int, bool, int, str, str], list[Point]] = {}
+    groups: dict[tuple[str, int, int, bool, int, str, str, int], list[Point]] = {}
     for p in points:
         if not p.excluded:
             groups.setdefault((p.model, p.gpus, p.data_parallel, p.copy_streams, p.microbatches, p.runtime,
-                               p.recompute),
+                               p.recompute, p.tensor_parallel),
                               []).append(p)
     lines, right = [], 0
-    for (model, gpus, _, _, m, runtime, recompute), ps in groups.items():
+    for (model, gpus, _, _, m, runtime, recompute, tp), ps in groups.items():
         if recompute != "never":
             runtime += f" recompute={recompute}"
+        if tp > 1:
+            runtime += f" tp{tp}"
         if len({p.schedule for p in ps}) < 2:
             continue
         measured = min(ps, key=lambda p: p.measured_s)

@@ -1,8 +1,9 @@
 """Search configurations for a model and GPU count; rank them by predicted step time.
 
 Candidates: every runtime the profile can cost, every schedule it runs, power-of-two micro-batch counts,
-virtual stages 2 and 4 for the schedules that take them, every data-parallel degree that divides the GPUs,
-and each split asked for (equal layer counts, balanced by time, or both).
+virtual stages 2 and 4 for the schedules that take them, every tensor-parallel degree of 1, 2, 4 and 8 that
+divides the GPUs, a node's GPUs and the model's heads and widths, every data-parallel degree that divides the
+rest, and each split asked for (equal layer counts, balanced by time, or both).
 
 The search simulates only what can win. Each configuration's floor (parsim.sim.bounds: a step time no
 simulation of it can beat, from closed forms) orders the search; once the top K are known, a
@@ -41,6 +42,8 @@ from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.predict import Prediction, StepAbove
 from parsim.workload import Model, StageCost, partitioned, peak_bytes, stage_costs, stage_layers
 from parsim.workload.recompute import splits_backward
+from parsim.workload.tensor_parallel import DEGREES, TensorParallel, check_tensor_parallel, split_model, tp_view
+from parsim.workload.tensor_parallel import RUNTIMES as TP_RUNTIMES
 from parsim.workload.timed import priced
 
 OPTIMIZER_BYTES_PER_PARAM = 16  # mixed-precision Adam (see parsim.workload.memory)
@@ -58,11 +61,15 @@ class Candidate:
     balance: tuple[int, ...] | None = None  # layers per stage, where not an equal split
     runtime: str = "hw"  # what runs it (parsim.runtimes)
     recompute: str = "never"  # what it fits with only by recomputing (parsim.workload.recompute)
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     @property
     def label(self) -> str:
         v = f", v={self.virtual_stages}" if self.schedule in VIRTUAL else ""
         dp = f", dp={self.data_parallel}" if self.data_parallel > 1 else ""
+        if self.tensor_parallel > 1:
+            dp = f", tp={self.tensor_parallel}{'+sp' * self.sequence_parallel}{dp}"
         split = f" [{'/'.join(map(str, self.balance))}]" if self.balance and len(self.balance) > 1 else ""
         redo = f", recompute {self.recompute}" if self.recompute != "never" else ""
         return f"{self.schedule} m={self.microbatches}{v}{dp}{redo}{split}"
@@ -71,7 +78,8 @@ class Candidate:
         """This candidate as a configuration of `model` on `gpus` GPUs, to predict again (a timeline)."""
         return Configuration(model, self.schedule, gpus, self.microbatches,
                              self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
-                             self.runtime, copy_streams, self.balance or "equal", self.recompute)
+                             self.runtime, copy_streams, self.balance or "equal", self.recompute,
+                             self.tensor_parallel, self.sequence_parallel)
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,15 @@ class Shape:
     data_parallel: int
     balance: tuple[int, ...] | None
     floor_s: float
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     def configuration(self, model: Model) -> Configuration:
         """This shape as a configuration of `model`."""
-        return Configuration(model, self.schedule, self.num_ranks * self.data_parallel, self.microbatches,
-                             self.virtual_stages if self.schedule in VIRTUAL else None, self.data_parallel,
-                             self.runtime, partition=self.balance or "equal")
+        return Configuration(model, self.schedule, self.num_ranks * self.data_parallel * self.tensor_parallel,
+                             self.microbatches, self.virtual_stages if self.schedule in VIRTUAL else None,
+                             self.data_parallel, self.runtime, partition=self.balance or "equal",
+                             tensor_parallel=self.tensor_parallel, sequence_parallel=self.sequence_parallel)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,7 @@ class Search:
     seconds: float
     jobs: int
     too_large: int = 0  # not considered: past what parsim simulates at once (parsim.budget)
+    degrees: tuple[int, ...] = (1,)  # the tensor-parallel degrees tried (tp_degrees)
 
 
 def params_per_gpu(model: Model, num_ranks: int, num_stages: int, stage_to_rank: tuple[int, ...]) -> list[int]:
@@ -145,67 +157,93 @@ def costed_runtimes(profile: Profile) -> list[Runtime]:
     return out
 
 
-# (runtime, data-parallel degree, schedule, micro-batches, virtual stages or None, stages)
-Layout = tuple[Runtime, int, str, int, int | None, int]
+# (runtime, data-parallel degree, schedule, micro-batches, virtual stages or None, stages, tensor-parallel degree)
+Layout = tuple[Runtime, int, str, int, int | None, int, int]
+
+
+def tp_degrees(model: Model, gpus: int, profile: Profile, degrees: tuple[int, ...] = DEGREES,
+               sequence: bool = False) -> list[int]:
+    """The tensor-parallel degrees plan tries: those of `degrees` that divide the GPUs and a node's, and split every
+    layer of the model (heads, key/value heads, widths, vocabulary); above 1 only where the profile can cost a
+    collective."""
+    out = []
+    for t in degrees:
+        if gpus % t or (t > 1 and "allreduce" not in profile.collectives and "tp_allreduce" not in profile.collectives):
+            continue
+        try:
+            check_tensor_parallel(model, TensorParallel(t, sequence and t > 1), profile.gpus_per_node)
+        except ParsimError:
+            continue
+        out.append(t)
+    return out
 
 
 def layouts(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
-            max_microbatches: int = 256, data_parallel: bool = True) -> list[Layout]:
-    """Every configuration to consider, in enumeration order (runtimes, data-parallel degrees where the profile can
-    cost an all-reduce, schedules, micro-batch counts, virtual stages), by arithmetic alone: no more stages than
-    layers, and several stages per GPU only where there are several GPUs. Cheap however many GPUs: a pipeline
-    is never longer than the model, so only degrees that leave at most a rank a layer are tried."""
+            max_microbatches: int = 256, data_parallel: bool = True, degrees: tuple[int, ...] = (1,),
+            sequence: bool = False) -> list[Layout]:
+    """Every configuration to consider, in enumeration order (runtimes, tensor-parallel degrees (tp_degrees of
+    `degrees`), data-parallel degrees where the profile can cost an all-reduce, schedules, micro-batch counts,
+    virtual stages), by arithmetic alone: no more stages than layers, and several stages per GPU only where there
+    are several GPUs. Cheap however many GPUs: a pipeline is never longer than the model, so only degrees that
+    leave at most a rank a layer are tried."""
     dp_ok = data_parallel and "allreduce" in profile.collectives
     layers = len(model.layers)
-    ranks = [pp for pp in range(min(gpus, layers), 0, -1) if gpus % pp == 0] if dp_ok else \
-        [gpus] if gpus <= layers else []
     out: list[Layout] = []
     for runtime in runtimes:
         names = [n for n in (schedules or runtime.schedules()) if n in runtime.schedules()]
-        for pp in ranks:
-            dp = gpus // pp
-            for name in names:
-                for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp, max_microbatches):
-                    for v in ((2, 4) if name in VIRTUAL else (None,)):
-                        stages = pp * stages_per_rank(name, v)
-                        if stages <= layers and not (pp == 1 and stages > 1):
-                            out.append((runtime, dp, name, m, v, stages))
+        for t in tp_degrees(model, gpus, profile, degrees if runtime.name in TP_RUNTIMES else (1,), sequence):
+            groups = gpus // t
+            ranks = [pp for pp in range(min(groups, layers), 0, -1) if groups % pp == 0] if dp_ok else \
+                [groups] if groups <= layers else []
+            for pp in ranks:
+                dp = groups // pp
+                for name in names:
+                    for m in microbatch_counts(model.tokens // dp if model.tokens % dp == 0 else 0, pp,
+                                               max_microbatches):
+                        for v in ((2, 4) if name in VIRTUAL else (None,)):
+                            stages = pp * stages_per_rank(name, v)
+                            if stages <= layers and not (pp == 1 and stages > 1):
+                                out.append((runtime, dp, name, m, v, stages, t))
     return out
 
 
 def too_large(layout: Layout, gpus: int) -> bool:
     """Whether a configuration is past what parsim simulates at once (parsim.budget): plan leaves it out."""
-    _, _, name, m, v, _ = layout
-    return actions(name, gpus, m, v) > MAX_ACTIONS
+    _, _, name, m, v, _, t = layout
+    return actions(name, gpus // t, m, v) > MAX_ACTIONS
 
 
 def shapes(model: Model, gpus: int, profile: Profile, runtimes: list[Runtime], schedules: list[str] | None = None,
            max_microbatches: int = 256, data_parallel: bool = True, partition: str = "equal",
-           tick: Callable[[], None] | None = None) -> list[Shape]:
+           tick: Callable[[], None] | None = None, degrees: tuple[int, ...] = (1,),
+           sequence: bool = False) -> list[Shape]:
     """Every configuration to consider (layouts, less those too large to simulate), with its floor, in enumeration
     order; each split `partition` asks for once, where they differ. Nothing is built; `tick` is called after each
     configuration (a progress line). Refuses a plan too large to weigh (parsim.budget)."""
-    todo = [layout for layout in layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
+    todo = [layout for layout in layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel,
+                                         degrees, sequence)
             if not too_large(layout, gpus)]
-    keys = {(runtime.name, stages, m * dp) for runtime, dp, _, m, _, stages in todo}  # one split per key, below
-    cells = sum(stages for _, stages, _ in keys) * len(model.layers) if "time" in SPLITS[partition] else 0
-    check_plan([layout[-1] for layout in todo], cells, gpus, len(model.layers))
+    keys = {(runtime.name, stages, m * dp, t) for runtime, dp, _, m, _, stages, t in todo}  # one split per key
+    cells = sum(key[1] for key in keys) * len(model.layers) if "time" in SPLITS[partition] else 0
+    check_plan([layout[5] for layout in todo], cells, gpus, len(model.layers))
     out: list[Shape] = []
-    splits_of: dict[tuple[str, int, int], list[tuple[tuple[int, ...] | None, list[StageCost]]]] = {}
-    run_profiles = {runtime.name: runtime.costs(profile) for runtime in runtimes}
+    splits_of: dict[tuple[str, int, int, int], list[tuple[tuple[int, ...] | None, list[StageCost]]]] = {}
+    run_profiles = {(runtime.name, t): tp_view(runtime.costs(profile), t) for runtime in runtimes
+                    for t in {layout[6] for layout in todo}}
     for layout in todo:
-        runtime, dp, name, m, v, stages = layout
+        runtime, dp, name, m, v, stages, t = layout
         if tick is not None:
             tick()
-        pp, run_profile = gpus // dp, run_profiles[runtime.name]
+        pp, run_profile = gpus // (dp * t), run_profiles[runtime.name, t]
         owner = runtime.placement(name, pp, v)
-        key = (runtime.name, stages, m * dp)  # a micro-batch's samples (batch / (m x dp)): all a split needs
+        key = (runtime.name, stages, m * dp, t)  # a micro-batch's samples (batch / (m x dp)): all a split needs
         if key not in splits_of:
-            splits_of[key] = _splits(model, partition, stages, m, run_profile, dp)
+            tp = TensorParallel(t, sequence and t > 1)
+            splits_of[key] = _splits(split_model(model, tp), partition, stages, m, run_profile, dp)
         for balance, costs in splits_of[key]:
             floor = step_floor_s(owner, costs, m, run_profile, dp, runtime.splits_backward(name),
                                  gradient_buckets(costs) if dp > 1 else None)
-            out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor))
+            out.append(Shape(len(out), runtime.name, name, pp, m, v or 1, dp, balance, floor, t, sequence and t > 1))
     return out
 
 
@@ -256,11 +294,11 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
     keeps = prepared.runtime.keeps_outputs
-    memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, keeps_outputs=keeps)
+    memory = peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel, optimizer, keeps_outputs=keeps)
     if recompute and memory_limit_bytes is not None and memory > memory_limit_bytes \
             and can_recompute(shape.runtime, prepared.schedule):
         for mode in RECOMPUTE_ORDER:  # over the limit even so: the last, the least memory, is what it is shown with
-            memory = peak_bytes(prepared.model, prepared.schedule, shape.data_parallel, optimizer, mode, keeps)
+            memory = peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel, optimizer, mode, keeps)
             prepared = replace(prepared, config=replace(prepared.config, recompute=mode))
             if memory <= memory_limit_bytes:
                 break
@@ -271,7 +309,8 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
         except StepAbove as above:
             return Beyond(above.floor_s)
     return Candidate(shape.schedule, shape.microbatches, shape.virtual_stages, shape.data_parallel, prediction,
-                     memory, prepared.model.balance, shape.runtime, prepared.config.recompute)
+                     memory, prepared.model.balance, shape.runtime, prepared.config.recompute,
+                     shape.tensor_parallel, shape.sequence_parallel)
 
 
 def _evaluate_in_worker(shape: Shape, bound_s: float | None) -> Candidate | Beyond | None:
@@ -294,19 +333,21 @@ def ranks_after(floor_s: float, step_s: float) -> bool:
 def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float | None = None,
            schedules: list[str] | None = None, partition: str = "equal", runtimes: list[Runtime] | None = None,
            top: int | None = None, jobs: int = 1, progress: bool = False, max_microbatches: int = 256,
-           data_parallel: bool = True, optimizer: str = "adam", recompute: bool = True) -> Search:
+           data_parallel: bool = True, optimizer: str = "adam", recompute: bool = True,
+           degrees: tuple[int, ...] = (1,), sequence: bool = False) -> Search:
     """The `top` fastest configurations under the memory limit (all of them where top is None), simulating only
     those whose floor can beat the top-th best found so far, in order of floor, on `jobs` processes; a configuration
-    over the limit recomputed where that fits it, if `recompute` (evaluate)."""
+    over the limit recomputed where that fits it, if `recompute` (evaluate). Tensor-parallel degrees: those of
+    `degrees` the GPUs, a node and the model allow (tp_degrees), with sequence parallelism where `sequence`."""
     start = time.perf_counter()
     profile = priced(profile, model.layers)
     runtimes = runtimes or costed_runtimes(profile)
-    every = layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel)
+    every = layouts(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel, degrees, sequence)
     left_out = sum(too_large(layout, gpus) for layout in every)
     with _progress(len(every) - left_out, progress) as bar:
         bar.set_description("plan: weighing", refresh=False)
         todo = shapes(model, gpus, profile, runtimes, schedules, max_microbatches, data_parallel, partition,
-                      bar.update)
+                      bar.update, degrees, sequence)
         bar.set_description("plan", refresh=False)
         bar.n, bar.total = 0, len(todo)
         fits, too_big, counts = _search(todo, bar, top, (model, profile, memory_limit_bytes, optimizer, recompute),
@@ -314,7 +355,8 @@ def search(model: Model, gpus: int, profile: Profile, memory_limit_bytes: float 
     fits.sort(key=lambda f: rank_key(f[0], f[2].memory_bytes, f[1]))
     ranked = [c for _, _, c in fits][:top]
     return Search(ranked, too_big, len(todo), counts["pruned"], counts["cannot_run"], len(fits),
-                  time.perf_counter() - start, jobs, left_out)
+                  time.perf_counter() - start, jobs, left_out,
+                  tuple(sorted({layout[6] for layout in every})))
 
 
 def _search(todo: list[Shape], bar: Any, top: int | None, context: tuple[Model, Profile, float | None, str, bool],

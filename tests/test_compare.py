@@ -260,3 +260,24 @@ def test_a_recompute_column_is_read_repredicted_and_labelled(tmp_path):
     rows[1]["recompute"] = "sometimes"
     with pytest.raises(ParsimError, match="line 3.*sometimes"):
         read_points(_write(tmp_path / "bad.csv", rows))
+
+
+def test_a_csv_without_tensor_parallel_reads_as_one_and_a_tp_row_is_predicted_as_tp(tmp_path):
+    """Old CSVs: tensor_parallel 1; a row with tensor_parallel 2 re-predicts as parsim's TP model does."""
+    from parsim.configuration import predict
+    from parsim.profile import load_profile
+
+    old = read_points(FIXTURE)
+    assert {p.tensor_parallel for p in old} == {1}
+    rows = list(csv.DictReader(FIXTURE.open()))
+    rows = [dict(r, tensor_parallel="2", gpus="2") for r in rows if r.get("runtime", "hw") in ("", "hw")][:1]
+    point = read_points(_write(tmp_path / "r.csv", rows))[0]
+    assert point.tensor_parallel == 2 and " tp2" in point.label
+    profile = load_profile(None)
+    expected, _ = predict(point.configuration(), profile)
+    assert point.configuration().tensor_parallel == 2
+    assert repredict([point], profile)[0].predicted_s == pytest.approx(expected.step_time_s)
+    assert expected.step_time_s != predict(replace(point, tensor_parallel=1).configuration(), profile)[0].step_time_s
+    rows[0]["tensor_parallel"] = "4"
+    with pytest.raises(ParsimError, match="data_parallel 1 x tensor_parallel 4 does not divide gpus 2"):
+        read_points(_write(tmp_path / "r.csv", rows))

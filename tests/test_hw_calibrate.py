@@ -55,6 +55,8 @@ def test_cpu_calibration_writes_a_loadable_profile_and_its_samples(tmp_path):
     assert profile.links["nvlink"].measured and profile.links["h2d_pinned"].measured
     assert not profile.links["network"].measured and profile.provisional  # nothing measures a network here
     assert "allreduce" in profile.collectives and profile.host.launch_s > 0
+    # tensor parallelism's collectives at its sizes too (hw.calibrate.tp_collectives), each measured
+    assert all(profile.collectives[f"tp_{k}"].measured for k in ("allreduce", "reduce_scatter", "all_gather"))
     samples = json.loads((tmp_path / "p.samples.json").read_text())
     # the all-reduce beside compute, in turns on every rank: what it takes from the compute, within [0, 1]
     beside = samples["samples"]["gpu_links"]["beside"]

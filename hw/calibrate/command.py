@@ -10,7 +10,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
      (hw.calibrate.host_steps), the timers giving each op's share;
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
-  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs; how far the slowest
+  5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs, and the collectives
+     tensor parallelism issues at its sizes (hw.calibrate.tp_collectives); how far the slowest
      of the ranks' host loops sets a tiny pipeline's step over the mean (hw.calibrate.rank_spread);
   6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.calibrate.graphs_runtime).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
@@ -48,6 +49,7 @@ from hw.calibrate.layers import (
 from hw.calibrate.links import copy_links, gpu_links
 from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
 from hw.calibrate.self_check import BOUND, self_check, verdict
+from hw.calibrate.tp_collectives import tp_collectives
 from hw.run.ranks import require_gpus
 from parsim import flags
 from parsim.errors import ParsimError
@@ -156,6 +158,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ops: a launch alone, its GIL-free part, one and two threads launching with the GIL held "
                         "longer; a Hogwild step alone and in 3, 6, 12, .. processes; memory bandwidth; ~1 min), "
                         "added to --base")
+    p.add_argument("--tp-collectives", action="store_true",
+                   help="only the collectives tensor parallelism issues (all-reduce, reduce-scatter, all-gather of "
+                        "256-8192 tokens x hidden 2048-8192 in bf16) over --gpus GPUs (default all visible; at least "
+                        "2), fitted as collectives.tp_allreduce etc. and added to --base (~30 s)")
     p.add_argument("--runtimes", default="", metavar="NAME,...",
                    help="also the costs of these pipeline runtimes besides hw's runner (profile.runtimes): "
                         f"{', '.join(f'{n}: {what}' for n, what in RUNTIME_PROBES.items())}")
@@ -172,6 +178,8 @@ def main(args: argparse.Namespace) -> int:
         return calibrate_interfaces(load_profile(args.base), out, args.cpu)
     if not args.cpu and not torch.cuda.is_available():
         raise ParsimError("no CUDA GPU is visible; calibrate on a GPU machine, or pass --cpu for a small CPU run")
+    if args.tp_collectives:
+        return _tp_collectives_only(args, out)
     if args.cpu:  # tiny probes gain nothing from more threads; on a busy machine their spinning made it 10x slower
         torch.set_num_threads(1)
     if args.gpus:
@@ -239,6 +247,17 @@ def main(args: argparse.Namespace) -> int:
 
         print("\n".join(report_lines(samples["graphs"])))
     return 0
+
+
+def _tp_collectives_only(args: argparse.Namespace, out: Path) -> int:
+    """--tp-collectives: TP's collectives over --gpus GPUs (all visible by default), added to --base."""
+    from hw.calibrate.tp_collectives import calibrate_tp_collectives
+
+    world = args.gpus or (2 if args.cpu else torch.cuda.device_count())
+    if world < 2:
+        raise ParsimError(f"--tp-collectives times collectives between GPUs: it needs --gpus 2 or more, got {world}")
+    require_gpus(world, cpu=args.cpu)
+    return calibrate_tp_collectives(load_profile(args.base), out, world, args.cpu)
 
 
 def _spread_meta(spread: dict) -> dict:
@@ -368,6 +387,9 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         links["nvlink"], collectives["allreduce"] = nvlink, allreduce
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
         samples["gpu_links"] = dataclasses.asdict(raw)
+        tp_specs, tp_fits, samples["tp_collectives"] = tp_collectives(count, cpu)
+        collectives |= tp_specs
+        fits |= {f"link {k}": f for k, f in tp_fits.items()}
         rank_spread, samples["rank_spread"] = measure_rank_spread(count, "cpu" if cpu else "cuda",
                                                                   "fp32" if cpu else "bf16")
     # one visible GPU says nothing of the node: its size comes from the base, like the links it cannot measure

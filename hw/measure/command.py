@@ -9,9 +9,11 @@ from hw.measure.steps import DTYPES, MAX_STEPS, Config, deadline_s, keep_traces,
 from hw.run.ranks import require_gpus
 from hw.run.runtimes import check_runs
 from hw.run.stage_runner import check_recompute
+from hw.run.tensor_parallel import check_model
 from parsim import flags
 from parsim.budget import check_cpu_run
 from parsim.cli import (
+    MAX_TP,
     add_model_args,
     add_partition_args,
     add_recompute_arg,
@@ -33,13 +35,17 @@ PINNING_NOTE = ("hw's runner is timed with its host thread pinned to a core (HW_
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
                    help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
-    p.add_argument("--gpus", type=flags.positive_int, default=4, help="pipeline ranks, one GPU each (default 4)")
+    p.add_argument("--gpus", type=flags.positive_int, default=4,
+                   help="GPUs in all: pipeline ranks x replicas x tensor-parallel degree (default 4)")
     p.add_argument("--microbatches", type=flags.positive_int, default=8)
     p.add_argument("--virtual-stages", type=flags.positive_int, metavar="V", help="for interleaved-1f1b (default 2)")
     p.add_argument("--copy-streams", action="store_true",
                    help="post sends and receives on a dedicated CUDA stream, as torchgpipe does (GPU only)")
     p.add_argument("--data-parallel", type=flags.positive_int, default=1, metavar="D",
                    help="D replicas of a GPUS/D-rank pipeline, gradients all-reduced as DDP does (default 1)")
+    p.add_argument("--tensor-parallel", type=flags.whole(1, MAX_TP), default=1, metavar="T",
+                   help="split each pipeline rank's MLP blocks over T GPUs with torch's tensor-parallel API (fc1 "
+                        "column-, fc2 row-parallel), the batch replicated over them; hw and torch runtimes (default 1)")
     add_recompute_arg(p)
     add_runtime_arg(p, PINNING_NOTE)
     add_model_args(p)
@@ -72,7 +78,7 @@ def cpu_defaults(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace) -> list[str]:
     """What can be refused before any work (the flags' ranges are their types'); the rank traces' paths, checked."""
-    check_runs(args.runtime, args.data_parallel, args.copy_streams, args.recompute)
+    check_runs(args.runtime, args.data_parallel, args.copy_streams, args.recompute, args.tensor_parallel)
     if args.cpu and args.copy_streams:
         raise ParsimError("--copy-streams posts messages on a dedicated CUDA stream: GPU only, not with --cpu")
     require_gpus(args.gpus, cpu=args.cpu)
@@ -86,13 +92,16 @@ def main(args: argparse.Namespace) -> int:
     cpu_defaults(args)
     traces = _check(args)
     given = load_profile(args.profile) if args.profile else None  # a bad --profile fails now, used or not
-    if args.gpus % args.data_parallel:
-        raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas")
+    if args.gpus % (args.data_parallel * args.tensor_parallel):
+        raise ParsimError(f"--gpus {args.gpus} does not split into {args.data_parallel} equal pipeline replicas of "
+                          f"{args.tensor_parallel}-GPU ranks")
     config = Configuration(model_from_args(args), args.schedule, args.gpus, args.microbatches, args.virtual_stages,
                            args.data_parallel, args.runtime, args.copy_streams, partition_from_args(args),
-                           args.recompute)
+                           args.recompute, args.tensor_parallel)
     prepared = prepare(config, given or load_profile())  # checked, built and split as `parsim predict` does
     schedule, model = prepared.schedule, prepared.model
+    if args.tensor_parallel > 1:
+        check_model(model, args.runtime)
     check_recompute(schedule, args.recompute)
     validate(schedule, args.copy_streams)  # a deadlock (in a schedule read from a file) is named now, not at --timeout
     dtype = args.dtype or ("fp32" if args.cpu else "bf16")
@@ -103,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace, token),
                      "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime,
-                     args.recompute)
+                     args.recompute, args.tensor_parallel)
     except BaseException:
         keep_traces(traces, token, keep=False)
         raise
@@ -116,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
 def report_text(r: dict) -> str:
     c = r["config"]
     replicas = f" ({c['data_parallel']} data-parallel replicas)" if c["data_parallel"] > 1 else ""
+    replicas += f", tensor-parallel {c['tensor_parallel']}" if c.get("tensor_parallel", 1) > 1 else ""
     replicas += f", {c['runtime']} runtime" if c.get("runtime", "hw") != "hw" else ""
     replicas += f", recompute {c['recompute']}" if c.get("recompute", "never") != "never" else ""
     lines = [f"measured: {c['schedule']} on {c['gpus']} x {c['device']}{replicas}, {c['microbatches']} micro-batches, "

@@ -31,6 +31,7 @@ from hw.run.observers import ActionTimer
 from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
 from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory, runner_options
 from hw.run.stage_runner import Groups, replica_batch
+from hw.run.tensor_parallel import local
 from hw.timing import sync
 from parsim.errors import ParsimError
 from parsim.files import record_kept
@@ -65,10 +66,11 @@ class Job:
     copy_streams: bool = False  # messages posted on a dedicated CUDA stream (torchgpipe's copy streams)
     runtime: str = "hw"  # what runs the schedule (hw.run.runtimes; parsim's runtime of that name built the schedule)
     recompute: str = "never"  # which micro-batches' forwards are checkpointed (parsim.workload.recompute)
+    tensor_parallel: int = 1  # processes splitting each pipeline rank's stages (hw.run.tensor_parallel)
 
     @property
     def ranks(self) -> int:
-        return self.schedule.num_ranks * self.data_parallel
+        return self.schedule.num_ranks * self.data_parallel * self.tensor_parallel
 
 
 Turn = tuple[Job, ...]  # jobs on the same ranks, timed in turns: one step of each per round
@@ -93,7 +95,7 @@ def jobs_worker(rank: int, world: int, device: torch.device, turns: list[Turn]) 
     out: list[list[RankTiming | None]] = []
     for jobs in tqdm(turns, desc="measuring", file=sys.stderr,  # rank 0's, on a terminal only
                      disable=True if rank != 0 or len(turns) < 3 else None):
-        made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel) for job in jobs]
+        made = [job_groups(job.runtime, job.schedule, groups, job.data_parallel, job.tensor_parallel) for job in jobs]
         ranks = jobs[0].ranks
         team = groups(tuple(range(ranks))) if ranks > 1 else None
         if rank >= ranks:
@@ -114,16 +116,17 @@ class Stepper:
         schedule, model, dtype = job.schedule, job.model, DTYPES[job.config.dtype]
         self.job = job
         self.runner: Runner
-        self.runner, stages, replica = runner_factory(job.runtime)(schedule, model, rank, device, dtype, made,
-                                                                   job.data_parallel, job.copy_streams,
-                                                                   **runner_options(job.runtime, job.recompute))
+        self.runner, stages, replica = runner_factory(job.runtime, job.tensor_parallel)(
+            schedule, model, rank, device, dtype, made, job.data_parallel, job.copy_streams,
+            **runner_options(job.runtime, job.recompute))
         self.io = replica_batch(model, schedule, replica, job.data_parallel, device, dtype)
         self.params = [p for module in stages.values() for p in module.parameters()]
         self.pinned = pins_host(self.runner)
 
     def resident_bytes(self) -> int:
-        """What this job holds between its steps: its weights, their gradients, a graphed runner's pools."""
-        tensors = self.params + [p.grad for p in self.params if p.grad is not None]
+        """What this job holds between its steps: its weights, their gradients (this rank's shards of split ones), a
+        graphed runner's pools."""
+        tensors = [local(t) for t in self.params + [p.grad for p in self.params if p.grad is not None]]
         pools = self.graph_pool_bytes() or {}
         return sum(t.numel() * t.element_size() for t in tensors) + sum(pools.values())
 
@@ -413,21 +416,25 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
     times = first.times
     step, base = statistics.median(times), statistics.median(baseline.times)
     per_stage = []
-    for s, rank in enumerate(schedule.stage_to_rank):
+    t = job.tensor_parallel
+    for s, q in enumerate(schedule.stage_to_rank):
+        rank = q * t  # TP index 0 of the pipeline rank (hw.run.tensor_parallel.place); its peak, the group's most
         timing = on_rank(results, rank)
         ops = timing.per_op
         split = f"{s}:I" in ops  # a split backward is its input-grad plus its weight-grad
         backward = ops[f"{s}:I"] + ops.get(f"{s}:W", 0.0) if split else ops.get(f"{s}:B")
+        peaks = [on_rank(results, rank + i).peak_memory_bytes for i in range(t)]
         per_stage.append({"stage": s, "rank": rank, "forward_s": ops.get(f"{s}:F"), "backward_s": backward,
-                          "peak_memory_bytes": timing.peak_memory_bytes, "graph_pool_bytes": timing.graph_pool_bytes})
+                          "peak_memory_bytes": None if None in peaks else max(b for b in peaks if b is not None),
+                          "graph_pool_bytes": timing.graph_pool_bytes})
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "step_blocks_s": first.blocks,  # each timed sample's steps (rank 0's): a sample is their mean
         "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
-        "timeline": [{"rank": rank, "actions": on_rank(results, rank).timeline}
+        "timeline": [{"rank": rank * t, "actions": on_rank(results, rank * t).timeline}
                      for rank in sorted(set(schedule.stage_to_rank))],
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
-                   "runtime": job.runtime,
+                   "tensor_parallel": t, "runtime": job.runtime,
                    "copy_streams": job.copy_streams, "recompute": job.recompute,
                    "microbatches": schedule.num_microbatches,
                    "stages": schedule.num_stages, "model": model.name, "layers": len(model.layers),
@@ -439,10 +446,11 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
 
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
-        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw", recompute: str = "never") -> dict:
-    """Measure `schedule` (on `data_parallel` replicas) run by `runtime`, and the one-device baseline (hw's runner,
-    no recomputation); the report as plain data."""
-    job = Job(schedule, model, config, data_parallel, copy_streams, runtime, recompute)
+        data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw", recompute: str = "never",
+        tensor_parallel: int = 1) -> dict:
+    """Measure `schedule` (on `data_parallel` replicas, each rank `tensor_parallel` GPUs) run by `runtime`, and the
+    one-device baseline (hw's runner, no recomputation); the report as plain data."""
+    job = Job(schedule, model, config, data_parallel, copy_streams, runtime, recompute, tensor_parallel)
     measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
     return report(job, measured, on_rank(baseline, 0), device)
 

@@ -35,10 +35,12 @@ from hw.run.ranks import require_gpus
 from hw.run.runtimes import RUNNERS, check_runs
 from hw.run.stage_runner import check_recompute
 from hw.run.teardown import child_env
+from hw.run.tensor_parallel import check_model
 from parsim import flags
 from parsim.budget import check_cpu_run
+from parsim.cli import MAX_TP
 from parsim.compare import COLUMNS, compare
-from parsim.configuration import Configuration, predict
+from parsim.configuration import Configuration, prepare
 from parsim.errors import ParsimError
 from parsim.files import check_output, json_text, write_atomic
 from parsim.hostprobe import probe as host_probe
@@ -48,6 +50,7 @@ from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec, peak_bytes
 from parsim.workload.recompute import MODES
+from parsim.workload.tensor_parallel import TensorParallel, check_tensor_parallel, collective_spec
 
 
 def _models(text: str) -> list[Model]:
@@ -67,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"GPU counts, comma-separated (default {GRID['gpus']}; with --cpu {CPU_GRID['gpus']})")
     p.add_argument("--data-parallel", type=flags.whole_list(), default="1", metavar="D,...",
                    help="replica counts: each point runs GPUS/D-rank pipelines on D replicas (default 1)")
+    p.add_argument("--tensor-parallel", type=flags.whole_list(1, MAX_TP), default="1", metavar="T,...",
+                   help="tensor-parallel degrees: each point runs GPUS/T-rank pipelines, each rank's MLP blocks split "
+                        "over T GPUs (hw and torch runtimes; predicted by parsim's TP model) (default 1)")
     p.add_argument("--copy-streams", action="store_true", help="measure every point once more with copy streams")
     p.add_argument("--recompute", type=recompute_modes, default="never", metavar="MODE,...",
                    help=f"recomputation modes ({', '.join(MODES)}): each point of hw's runner is measured under each, "
@@ -119,6 +125,8 @@ def _profile(args: argparse.Namespace, out: Path, given: Profile | None, conv: b
         profile, path = load_profile(path), str(path)
     for name in runtimes:
         get_runtime(name).costs(profile)
+    if max(args.tensor_parallel) > 1:
+        collective_spec(profile, "allreduce")  # what TP's collectives are priced by: one clear error if it has none
     return profile, str(path)
 
 
@@ -144,21 +152,24 @@ def recompute_modes(text: str) -> tuple[str, ...]:
 
 
 def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, replicas: int = 1,
-         copy_streams: bool = False, runtime: str = "hw", recompute: str = "never") -> Job | None:
-    """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas, a
-    schedule that refuses these sizes (or the runtime that, or recomputing it), more stages than layers, or tokens
-    that do not split evenly."""
-    if gpus % replicas or model.tokens % (microbatches * replicas):
+         copy_streams: bool = False, runtime: str = "hw", recompute: str = "never", tp: int = 1) -> Job | None:
+    """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas of
+    `tp`-GPU ranks, a schedule that refuses these sizes (or the runtime that, or recomputing or tensor parallelism
+    under it), a model that does not split `tp` ways, more stages than layers, or tokens that do not split evenly."""
+    if gpus % (replicas * tp) or model.tokens % (microbatches * replicas):
         return None
     try:
-        check_runs(runtime, replicas, copy_streams, recompute)
-        schedule = get_runtime(runtime).build(name, gpus // replicas, microbatches)
+        check_runs(runtime, replicas, copy_streams, recompute, tp)
+        check_tensor_parallel(model, TensorParallel(tp))
+        if tp > 1:
+            check_model(model, runtime)
+        schedule = get_runtime(runtime).build(name, gpus // (replicas * tp), microbatches)
         check_recompute(schedule, recompute)
     except ParsimError:
         return None
     if schedule.num_stages > len(model.layers):
         return None
-    return Job(schedule, model, config, replicas, copy_streams, runtime, recompute)
+    return Job(schedule, model, config, replicas, copy_streams, runtime, recompute, tp)
 
 
 def _probe_job(ranks: int, config: Config) -> Job:
@@ -172,8 +183,10 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
     parsim's prediction."""
     s, model = job.schedule, job.model
     config = Configuration(model, s.name, job.ranks, s.num_microbatches, data_parallel=job.data_parallel,
-                           runtime=job.runtime, copy_streams=job.copy_streams, recompute=job.recompute)
-    predicted, _ = predict(config, profile)
+                           runtime=job.runtime, copy_streams=job.copy_streams, recompute=job.recompute,
+                           tensor_parallel=job.tensor_parallel)
+    prepared = prepare(config, profile)
+    predicted, _ = prepared.predict()
     c = measured["config"]
     measured_peaks = [stage["peak_memory_bytes"] for stage in measured["per_stage"]]
     return {"schedule": s.name, "gpus": job.ranks, "microbatches": s.num_microbatches, "model": model_spec(model),
@@ -184,17 +197,19 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
-            "predicted_peak_bytes": peak_bytes(model, s, job.data_parallel, "none", job.recompute,
-                                               get_runtime(job.runtime).keeps_outputs),
+            "predicted_peak_bytes": peak_bytes(prepared.run_model, s, job.data_parallel, "none", job.recompute,
+                                               prepared.runtime.keeps_outputs),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
             "runtime": job.runtime, "host_probe_s": probe_s, "recompute": job.recompute,
+            "tensor_parallel": job.tensor_parallel,
             "dtype": c["dtype"], "device": c["device"], "torch": c["torch"], "date": c["date"], "profile": profile_path}
 
 
 def _samples(row: dict, measured: dict, probe: RankTiming) -> dict:
     """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
     probe, so that other estimators than the median of sample means can be redone offline."""
-    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams", "recompute")
+    keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams", "recompute",
+            "tensor_parallel")
     return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe.blocks}
 
 
@@ -218,7 +233,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["model", "excluded", "data_parallel", "copy_streams",
                                                              "runtime", "dtype", "device", "torch", "date", "profile",
                                                              "predicted_peak_bytes", "measured_peak_bytes",
-                                                             "host_probe_s", "recompute"])
+                                                             "host_probe_s", "recompute", "tensor_parallel"])
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
@@ -272,15 +287,17 @@ def main(args: argparse.Namespace) -> int:
     given = load_profile(args.profile) if args.profile else None
     device, dtype = ("cpu", "fp32") if args.cpu else ("cuda", "bf16")
     config = Config(args.steps, args.warmup, dtype)
-    variants = [(d, c) for d in replicas for c in ((False, True) if args.copy_streams else (False,))]
-    grid = [(model, [turn for p in gpus for d, c in variants for s in schedules for m in mbs
+    variants = [(d, c, t) for d in replicas for c in ((False, True) if args.copy_streams else (False,))
+                for t in args.tensor_parallel]
+    grid = [(model, [turn for p in gpus for d, c, t in variants for s in schedules for m in mbs
                      if (turn := tuple(job for r in runtimes for rc in args.recompute
-                                       if (job := _job(s, p, m, model, config, d, c, r, rc))))])
+                                       if (job := _job(s, p, m, model, config, d, c, r, rc, t))))])
             for model in models]
     if not any(turns for _, turns in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
-                          "micro-batch count, and sizes its schedule accepts (interleaved: micro-batches "
-                          "divisible by GPUs)")
+                          "micro-batch count, GPUs divisible by replicas x tensor-parallel degree (TP: an MLP "
+                          "stack, hw or torch runtime, no replicas), and sizes its schedule accepts (interleaved: "
+                          "micro-batches divisible by GPUs)")
     if args.cpu:  # refused at once, before calibrating, where even a CPU at its peak could not finish in time
         for model, turns in grid:
             _check_cpu_grid(model, turns, args)

@@ -99,12 +99,13 @@ class LlamaBlock(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # heads by the projections' widths: under tensor parallelism this process's heads / t of them
         t, (b, s, _) = self.t, x.shape
         h = self.norm1(x)
-        q = _rotate(self.wq(h).view(b, s, t.heads, t.head_dim), self.cos, self.sin).transpose(1, 2)
-        k = _rotate(self.wk(h).view(b, s, t.kv_heads, t.head_dim), self.cos, self.sin).transpose(1, 2)
-        v = self.wv(h).view(b, s, t.kv_heads, t.head_dim).transpose(1, 2)
-        x = x + self.wo(attention(q, k, v).transpose(1, 2).reshape(b, s, t.q_width))
+        q = _rotate(self.wq(h).view(b, s, -1, t.head_dim), self.cos, self.sin).transpose(1, 2)
+        k = _rotate(self.wk(h).view(b, s, -1, t.head_dim), self.cos, self.sin).transpose(1, 2)
+        v = self.wv(h).view(b, s, -1, t.head_dim).transpose(1, 2)
+        x = x + self.wo(attention(q, k, v).transpose(1, 2).reshape(b, s, -1))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 

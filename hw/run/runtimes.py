@@ -5,8 +5,9 @@ returns (runner, its stage modules by stage index, its replica); the runner's `s
 rank's part of one training step and returns the loss on the last stage. hw's own eager runner is
 hw.run.stage_runner's StageRunner; hw.run.cuda_graphs' GraphRunner replays each action as a CUDA graph ("graphs"), or a
 one-GPU step as one graph ("graphs-step"); hw.run.torch_stages steps torch.distributed.pipelining's own classes
-("torch"). A runner whose `pins_host` is False is timed with its host thread unpinned: hw.run.ranks.host_pinned
-is how hw times its own runners, not how people run others.
+("torch"). Under tensor parallelism (TP_RUNNERS) hw's runner and torch's step stages split over each pipeline
+rank's processes (hw.run.tensor_parallel). A runner whose `pins_host` is False is timed with its host thread
+unpinned: hw.run.ranks.host_pinned is how hw times its own runners, not how people run others.
 
 The groups a runner gets are made on every rank before its job, as torch needs: hw's channel groups
 (hw.run.stage_runner.replica_groups), or what the runtime registers in GROUPS.
@@ -23,6 +24,8 @@ from torch import nn
 
 from hw.run.cuda_graphs import graphs_runner, step_graph_runner
 from hw.run.stage_runner import Groups, StepIO, grad_of, replica_batch, replica_groups, replica_runner
+from hw.run.tensor_parallel import refuse as refuse_tp
+from hw.run.tensor_parallel import tp_groups, tp_hw_runner, tp_torch_runner, whole
 from hw.run.torch_stages import refuse, torch_groups, torch_runner
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Schedule
@@ -42,27 +45,39 @@ RUNNERS: dict[str, RunnerFactory] = {"hw": replica_runner, "torch": torch_runner
                                      "graphs-step": step_graph_runner}
 GROUPS: dict[str, Callable[[Schedule, Groups, int], object]] = {"torch": torch_groups}
 REFUSALS: dict[str, Callable[[int, bool], None]] = {"torch": refuse}  # (data_parallel, copy_streams) -> error or None
+# under tensor parallelism (hw.run.tensor_parallel): the runners over split stages; their groups are tp_groups'
+TP_RUNNERS: dict[str, RunnerFactory] = {"hw": tp_hw_runner, "torch": tp_torch_runner}
 
 
-def runner_factory(runtime: str) -> RunnerFactory:
-    """The runner factory of `runtime`, or one clear error naming those hw runs."""
+def runner_factory(runtime: str, tensor_parallel: int = 1) -> RunnerFactory:
+    """The runner factory of `runtime` (over stages split `tensor_parallel` ways), or one clear error naming those
+    hw runs."""
     if runtime not in RUNNERS:
         raise ParsimError(f"hw cannot run the {runtime!r} runtime yet; it runs: {', '.join(RUNNERS)}")
-    return RUNNERS[runtime]
+    if tensor_parallel > 1 and runtime not in TP_RUNNERS:
+        raise ParsimError(f"hw runs tensor parallelism under the {' and '.join(TP_RUNNERS)} runtimes, not {runtime} "
+                          "(its CUDA graphs capture no collectives)")
+    return TP_RUNNERS[runtime] if tensor_parallel > 1 else RUNNERS[runtime]
 
 
-def job_groups(runtime: str, schedule: Schedule, groups: Groups, data_parallel: int = 1) -> object:
+def job_groups(runtime: str, schedule: Schedule, groups: Groups, data_parallel: int = 1,
+               tensor_parallel: int = 1) -> object:
     """The groups `runtime`'s runner of this job talks in; every rank makes them, in one order."""
+    if tensor_parallel > 1:
+        return tp_groups(schedule, groups, tensor_parallel)
     return GROUPS.get(runtime, replica_groups)(schedule, groups, data_parallel)
 
 
-def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never") -> None:
+def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never",
+               tensor_parallel: int = 1) -> None:
     """One clear error, before anything starts, if hw cannot run `runtime` so."""
-    runner_factory(runtime)
+    runner_factory(runtime, tensor_parallel)
     if runtime in REFUSALS:
         REFUSALS[runtime](data_parallel, copy_streams)
     if recompute != "never" and runtime != "hw":
         raise ParsimError(f"--recompute runs on hw's runner only; the {runtime} runtime keeps every activation")
+    if tensor_parallel > 1:
+        refuse_tp(data_parallel, copy_streams, recompute)
 
 
 def runner_options(runtime: str, recompute: str) -> dict[str, str]:
@@ -98,16 +113,18 @@ class RankGradients:
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
-                         runtime: str = "hw", recompute: str = "never") -> RankGradients:
-    """One pipelined step run by `runtime` (hw.run.runtimes), recomputing as `recompute` says: this rank's loss (last
-    stage, its replica's share) and its parameters' gradients (averaged over replicas) by global name."""
-    made = job_groups(runtime, schedule, Groups(), data_parallel)
-    runner, stages, replica = runner_factory(runtime)(schedule, model, rank, device, dtype, made, data_parallel,
-                                                      **runner_options(runtime, recompute))
+                         runtime: str = "hw", recompute: str = "never", tensor_parallel: int = 1) -> RankGradients:
+    """One pipelined step run by `runtime` (hw.run.runtimes), recomputing as `recompute` says, each stage split over
+    `tensor_parallel` ranks: this rank's loss (last stage, its replica's share) and its parameters' whole gradients
+    (averaged over replicas; a split one gathered) by global name."""
+    made = job_groups(runtime, schedule, Groups(), data_parallel, tensor_parallel)
+    runner, stages, replica = runner_factory(runtime, tensor_parallel)(schedule, model, rank, device, dtype, made,
+                                                                       data_parallel,
+                                                                       **runner_options(runtime, recompute))
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)
-    grads = {f"{layer_ids[s][k]}.{name}": grad_of(p).cpu()
+    grads = {f"{layer_ids[s][k]}.{name}": whole(grad_of(p)).cpu()
              for s, module in stages.items() for k, layer in enumerate(module.children())
              for name, p in layer.named_parameters()}
     return RankGradients(None if loss is None else loss.cpu(), grads, replica)

@@ -40,14 +40,15 @@ class Groups:
         return self._made[ranks]
 
 
-def channel_groups(schedule: Schedule, groups: Groups | None = None, offset: int = 0,
+def channel_groups(schedule: Schedule, groups: Groups | None = None, offset: int = 0, stride: int = 1,
                    ) -> dict[tuple[int, int], dist.ProcessGroup]:
-    """One two-rank group per directed channel of the pipeline on ranks offset..; keyed by pipeline ranks.
+    """One two-rank group per directed channel of the pipeline on ranks offset, offset + stride, ..; keyed by
+    pipeline ranks (stride: the tensor-parallel degree, whose groups sit between a pipeline's ranks).
 
     Every process must make every group, its own or not, in the same order.
     """
     groups = groups or Groups()
-    return {(a, b): groups((offset + a, offset + b)) for a, b in sorted(transfers(schedule))}
+    return {(a, b): groups((offset + stride * a, offset + stride * b)) for a, b in sorted(transfers(schedule))}
 
 
 def grad_of(t: torch.Tensor) -> torch.Tensor:
@@ -190,14 +191,15 @@ class StageRunner:
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
                  groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn: LossFn = nn.functional.mse_loss,
                  offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False,
-                 recompute: str = "never"):
-        """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism);
+                 recompute: str = "never", stride: int = 1):
+        """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism), plus its
+        place in its tensor-parallel group, stride that group's size (pipeline rank q is global offset + stride q);
         copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU); recompute: which
         micro-batches' stage forwards are checkpointed (parsim.workload.recompute)."""
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
         on_gpu = any(p.is_cuda for m in stages.values() for p in m.parameters())
         self.copy_stream = torch.cuda.Stream() if copy_streams and on_gpu else None
-        self.offset, self.grad_sync = offset, grad_sync or {}
+        self.offset, self.stride, self.grad_sync = offset, stride, grad_sync or {}
         self.last_grad_action = {a.stage: a for a in schedule.actions[rank]
                                  if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
@@ -260,7 +262,7 @@ class StageRunner:
         peer, group = self._peer_group(a)
         buf = self._receive_buffer(a, io)
         with self._message_stream():
-            st.received[a] = (buf, posted(dist.irecv(buf, src=self.offset + peer, group=group)))
+            st.received[a] = (buf, posted(dist.irecv(buf, src=self.offset + self.stride * peer, group=group)))
 
     def _receive_buffer(self, a: Action, io: StepIO) -> torch.Tensor:
         """Where receive `a` lands: a new buffer each step (a graphed runner has static ones)."""
@@ -285,7 +287,7 @@ class StageRunner:
         peer, group = self._peer_group(a)
         tensor = self._handed(deps[0], st).contiguous()
         with self._message_stream(after=tensor):
-            st.sends.append(posted(dist.isend(tensor, dst=self.offset + peer, group=group)))
+            st.sends.append(posted(dist.isend(tensor, dst=self.offset + self.stride * peer, group=group)))
 
     def _forward(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
         """The stage on the previous stage's output, or on the batch on stage 0 (no deps); the loss on the last."""

@@ -46,15 +46,19 @@ def to_json(p: Prediction) -> dict[str, Any]:
             for g in p.per_gpu
         ],
         "profile": p.profile,
-    } | ({"recompute": p.recompute} if p.recompute != "never" else {})
+    } | ({"recompute": p.recompute} if p.recompute != "never" else {}) | (
+        {"tensor_parallel": p.tensor_parallel, "sequence_parallel": p.sequence_parallel}
+        if p.tensor_parallel > 1 else {})
 
 
 def to_text(p: Prediction, max_rows: int = 16) -> str:
     """A short human report: the headline figures, then one row per GPU (elided past max_rows)."""
     lines = [
         f"parsim prediction: {p.schedule} on {p.gpus} GPU(s), {p.microbatches} micro-batches"
-        + (f", {p.data_parallel} data-parallel replicas of {p.gpus // p.data_parallel} stages"
+        + (f", {p.data_parallel} data-parallel replicas of {len(p.per_gpu) // p.data_parallel} stages"
            if p.data_parallel > 1 else "")
+        + (f", tensor-parallel groups of {p.tensor_parallel}{' with sequence parallelism' * p.sequence_parallel} "
+           "(one row per group)" if p.tensor_parallel > 1 else "")
         + (f", run by {p.runtime}" if p.runtime != "hw" else "")
         + (f", recomputing {RECOMPUTED[p.recompute]}" if p.recompute != "never" else ""),
         f"  model     {p.model}",

@@ -30,6 +30,7 @@ from parsim.sim.sharing import (
 )
 from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
+from parsim.workload.tensor_parallel import NONE, TensorParallel, split_model, whole_nodes
 from parsim.workload.timed import priced
 
 
@@ -57,6 +58,8 @@ class Prediction:
     sample: str = "token"  # what `tokens` counts: "token", or "image" for a conv net
     runtime: str = "hw"  # what ran the step (parsim.runtimes); the single-GPU baseline is always eager
     recompute: str = "never"  # which micro-batches' forwards run again (parsim.workload.recompute)
+    tensor_parallel: int = 1  # GPUs per pipeline rank, splitting each layer; per_gpu has one row per such group
+    sequence_parallel: bool = False
 
     @property
     def speedup(self) -> float:
@@ -69,8 +72,8 @@ class Prediction:
     @property
     def bubble_fraction(self) -> float:
         """Idle share of all GPUs' compute time over the step."""
-        busy = sum(g.busy_s for g in self.per_gpu)
-        return 1.0 - busy / (self.gpus * self.step_time_s)
+        busy = sum(g.busy_s for g in self.per_gpu)  # a tensor-parallel group's GPUs are alike: one row each
+        return 1.0 - busy / (len(self.per_gpu) * self.step_time_s)
 
 
 @dataclass(frozen=True)
@@ -287,13 +290,15 @@ def predict(schedule: Schedule, model: Model, profile: Profile, copy_streams: bo
 
 def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_profile: Profile, copy_streams: bool,
                      data_parallel: int, runtime: str, give_up: Callable[[float], bool] | None = None,
-                     recompute: str = "never") -> tuple[Prediction, Simulation]:
-    """predict, with the profile already converted to the runtime's costs (`run_profile`); `profile` prices the
-    one-GPU baseline, which hw's eager runner runs. Several ranks' hosts run at the slowest one's pace
-    (parsim.sim.slowest)."""
-    run_profile = at_slowest_pace(run_profile, schedule.num_ranks * data_parallel)
+                     recompute: str = "never", tp: TensorParallel = NONE) -> tuple[Prediction, Simulation]:
+    """predict, with the profile already converted to the runtime's costs (`run_profile`: with tensor parallelism,
+    its view of TP groups as GPUs, parsim.workload.tensor_parallel.tp_view); `profile` prices the one-GPU
+    baseline of the whole `model`, which hw's eager runner runs. Several ranks' hosts run at the slowest one's
+    pace (parsim.sim.slowest); each pipeline rank is `tp.degree` GPUs, which the step waits for as well."""
+    run_profile = at_slowest_pace(run_profile, schedule.num_ranks * data_parallel * tp.degree)
     with gc_paused():  # a collection over the simulation's millions of objects would cost seconds
-        costs = stage_costs(model, schedule.num_stages, schedule.num_microbatches, run_profile, data_parallel)
+        costs = stage_costs(split_model(model, tp), schedule.num_stages, schedule.num_microbatches, run_profile,
+                            data_parallel)
         sim = simulate(schedule, costs, run_profile, copy_streams, data_parallel, give_up=give_up, recompute=recompute)
         single_s = single_gpu_step_s(model, profile)
         for name, value in (("step time", sim.step_time_s), ("one-GPU step time", single_s)):
@@ -311,9 +316,10 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
             rank = g % schedule.num_ranks
             stages = tuple(s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank)
             per_gpu.append(GpuReport(g, stages, busy[g], 1.0 - busy[g] / sim.step_time_s, held[rank]))
-        prediction = Prediction(schedule.name, gpus, schedule.num_microbatches, model.name,
+        prediction = Prediction(schedule.name, gpus * tp.degree, schedule.num_microbatches, model.name,
                                 sim.step_time_s, single_s, model.tokens,
-                                tuple(per_gpu), "; ".join([run_profile.describe(), *stand_ins(model, run_profile),
+                                tuple(per_gpu), "; ".join([whole_nodes(run_profile, tp).describe(),
+                                                           *stand_ins(model, run_profile),
                                                            *poor_fits(model, run_profile)]),
-                                data_parallel, model.sample, runtime, recompute)
+                                data_parallel, model.sample, runtime, recompute, tp.degree, tp.sequence)
         return prediction, sim

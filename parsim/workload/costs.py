@@ -13,6 +13,7 @@ from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LayerCosts, OpCost, 
 from parsim.workload.layers import KINDS, Part
 from parsim.workload.models import Model
 from parsim.workload.partition import partition_by_time, stage_layers
+from parsim.workload.tensor_parallel import collective_s
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def poor_fits(model: Model, profile: Profile) -> list[str]:
 
 def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     """One layer's forward, input-grad and weight-grad for a micro-batch of `samples`: each part's GPU time at
-    its work (an op with no work runs nothing) and its host's time to launch it."""
+    its work (an op with no work runs nothing) and its host's time to launch it; a tensor-parallel layer's
+    collectives (parsim.workload.tensor_parallel) on the compute stream, each launched as a message is posted."""
     gpu, host = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     for part in layer.parts:
         costs = part_costs(profile, part)
@@ -165,6 +167,9 @@ def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
                 cost = getattr(costs, op)
                 gpu[i] += cost.gpu_s(work)
                 host[i] += cost.host_s
+    for c in getattr(layer, "collectives", ()):
+        gpu[c.op] += collective_s(profile, c.kind, c.bytes_per_token * samples, layer.tp.degree)
+        host[c.op] += profile.host.p2p_s
     return [Work(g, h, 1) for g, h in zip(gpu, host)]
 
 
