@@ -134,8 +134,8 @@ def test_a_llama_transformer_split_two_ways_gets_the_single_devices_loss_and_gra
     """Vocab-parallel embedding, column/row-parallel attention (heads / 2 a process) and MLP, vocab-parallel head
     with its cross-entropy under loss_parallel: on 2 processes (TP 2) and 4 (TP 2 x PP 2, 1F1B), every gathered
     gradient and the loss equal the unsplit model's."""
-    from test_hw_transformer import MODEL as LLAMA
     from conftest import one_device_step as llama_reference
+    from test_hw_transformer import MODEL as LLAMA
 
     loss, grads = llama_reference(LLAMA)
     for name, ranks, microbatches, t in [("gpipe", 1, 2, 2), ("1f1b", 2, 3, 2)]:

@@ -94,6 +94,7 @@ def test_parsim_predicts_a_profiled_model_file(mlp_file, capsys):
                                          "--partition", "time"], capsys)
     assert status == 0, err
     assert "user_nets:mlp (5 layers), 8 samples" in out
+    assert "layers timed on CPU" in out and "the rest priced by the profile's NVIDIA H200" in out
 
 
 @pytest.mark.parametrize("runtime,name", [("hw", "1f1b"), ("torch", "gpipe"), ("graphs", "1f1b")])

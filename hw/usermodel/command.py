@@ -176,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
             group.rows.append(times[i:i + group.count])
             i += group.count
         print(f"hw profile: {n} samples per micro-batch timed ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
-    source = {f.name: getattr(layers.source, f.name) for f in fields(Source) if f.name != "file"}
+    source = {f.name: getattr(layers.source, f.name) for f in fields(Source) if f.name not in ("file", "timed_on")}
     source["dtype"] = str(dtype).removeprefix("torch.")
     elapsed = time.perf_counter() - start
     doc = {"profiled": _provenance(args, device, elapsed), "source": source, "samples": args.batch,

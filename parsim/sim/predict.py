@@ -31,7 +31,7 @@ from parsim.sim.sharing import (
 from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
 from parsim.workload.tensor_parallel import NONE, TensorParallel, split_model, whole_nodes
-from parsim.workload.timed import priced
+from parsim.workload.timed import priced, timed_elsewhere
 
 
 @dataclass(frozen=True)
@@ -320,6 +320,7 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
                                 sim.step_time_s, single_s, model.tokens,
                                 tuple(per_gpu), "; ".join([whole_nodes(run_profile, tp).describe(),
                                                            *stand_ins(model, run_profile),
-                                                           *poor_fits(model, run_profile)]),
+                                                           *poor_fits(model, run_profile),
+                                                           *timed_elsewhere(model.layers, run_profile)]),
                                 data_parallel, model.sample, runtime, recompute, tp.degree, tp.sequence)
         return prediction, sim

@@ -37,6 +37,7 @@ class Source:
     classes: int = 0  # with target "classes": how many (a vocabulary, or image classes)
     dtype: str = "bfloat16"  # the parameters' and activations' dtype
     file: str = ""  # the model file this was read from (what a results CSV names); "" where built in memory
+    timed_on: str = ""  # the device `hw profile` timed it on, as its file's "profiled" says
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS or self.dtype not in DTYPES or (self.target == "classes") != (self.classes > 0):
@@ -103,6 +104,17 @@ def priced(profile: Profile, model_layers: tuple[Any, ...]) -> Profile:
     return replace(profile, layers={**profile.layers, **own})
 
 
+def timed_elsewhere(model_layers: tuple[Any, ...], profile: Profile) -> list[str]:
+    """A note where a profiled model was timed on another device than the profile's: its layers' costs are that
+    device's, the rest the profile's."""
+    if not is_timed(model_layers):
+        return []
+    timed_on, gpu = model_layers[0].source.timed_on, str(profile.meta.get("gpu", ""))
+    if not timed_on or timed_on == gpu:
+        return []
+    return [f"layers timed on {timed_on}, the rest priced by the profile's {gpu or 'unnamed device'}"]
+
+
 def describe(model_layers: tuple[Any, ...], samples: int) -> str:
     """A profiled model's name in reports: "hf:llama-3.2-1b (18 layers), 32 sequences"."""
     source = model_layers[0].source
@@ -116,15 +128,20 @@ def is_profiled(doc: object) -> TypeGuard[dict[str, Any]]:
 
 def profiled_layers(doc: dict[str, Any], where: str, path: str) -> tuple[tuple[TimedLayer, ...], int]:
     """A profiled model file's layers (each entry's `count` copies) and its samples per step, each field checked."""
-    source = _source(doc.get("source"), f"{where}: source", path)
+    profiled = doc.get("profiled")
+    timed_on = profiled.get("gpu") if isinstance(profiled, dict) else None
+    source = replace(_source(doc.get("source"), f"{where}: source", path),
+                     timed_on=timed_on if isinstance(timed_on, str) else "")
     specs = doc.get("layers")
     if not isinstance(specs, list) or not specs:
         raise ModelError(f"{where} needs a non-empty \"layers\" list; expected {FILE_FORMAT}")
     layers: list[TimedLayer] = []
+    names: set[str] = set()
     for i, spec in enumerate(specs):
         layer, count = _timed(spec, f"{where}: layers[{i}]", source)
-        if any(other.name == layer.name for other in layers):
+        if layer.name in names:
             raise ModelError(f"{where}: layers[{i}] is named {layer.name!r} as an earlier entry is; names key costs")
+        names.add(layer.name)
         whole(len(layers) + count, f"{where}: the layers' counts in all", 1, MAX_LAYERS, ModelError)
         layers += [layer] * count
     return tuple(layers), whole(doc.get("samples"), f"{where}: samples", 1, MAX_SIZE, ModelError)
@@ -133,7 +150,7 @@ def profiled_layers(doc: dict[str, Any], where: str, path: str) -> tuple[tuple[T
 def _source(doc: Any, where: str, path: str) -> Source:
     if not isinstance(doc, dict):
         raise ModelError(f"{where} must be an object naming the profiled model; expected {FILE_FORMAT}")
-    known = {f.name for f in fields(Source)} - {"file"}
+    known = {f.name for f in fields(Source)} - {"file", "timed_on"}
     extra = sorted(set(doc) - known)
     if extra:
         raise ModelError(f"{where} has unknown fields {', '.join(extra)}; it takes {', '.join(sorted(known))}")
