@@ -7,6 +7,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from parsim import flags, progress
@@ -80,6 +81,9 @@ def _add_model_args(p: argparse.ArgumentParser, balance: bool = True, runtime: s
     add_partition_args(p, balance)
     p.add_argument("--profile", type=flags.path, metavar="FILE",
                    help="hardware profile (default: the shipped, measured one)")
+    p.add_argument("--gpus-per-node", type=flags.whole(1, MAX_TP), metavar="N",
+                   help="GPUs one node joins by NVLink, in place of the profile's (a tensor-parallel group stays "
+                        "within them; messages between nodes take the network link)")
     p.add_argument("--copy-streams", action="store_true",
                    help="messages on dedicated copy streams, not behind the compute stream (torchgpipe's design)")
     if recompute:
@@ -271,10 +275,20 @@ def runtime_for(args: argparse.Namespace) -> Runtime:
     return runtime
 
 
+def profile_from_args(args: argparse.Namespace) -> Profile:
+    """--profile's profile (the shipped one by default), its node size replaced by --gpus-per-node where given."""
+    profile = load_profile(args.profile)
+    if args.gpus_per_node is None:
+        return profile
+    carried = [name for name in profile.meta.get("carried_from_base") or [] if name != "gpus_per_node"]
+    carried.append("gpus_per_node from --gpus-per-node")
+    return replace(profile, gpus_per_node=args.gpus_per_node, meta={**profile.meta, "carried_from_base": carried})
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     with Outputs() as outputs:  # both files or neither, checked before the work
         trace, plot = outputs.add(args.trace, "--trace"), outputs.add(args.plot, "--plot")
-        profile, model = load_profile(args.profile), model_from_args(args)
+        profile, model = profile_from_args(args), model_from_args(args)
         m = args.microbatches or 4 * (args.gpus // (args.data_parallel * args.tensor_parallel) or 1)
         if trace or plot:  # a timeline holds every op: refused past a smaller bound, before anything runs
             check_actions(args.schedule, args.gpus, m, args.virtual_stages, timeline=True)
@@ -301,7 +315,7 @@ def _say(text: str) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    profile, model = load_profile(args.profile), model_from_args(args)
+    profile, model = profile_from_args(args), model_from_args(args)
     names = _schedule_names(args.schedules, runtime_for(args))
     with Progress("sweep"):
         results = [_predict(args, profile, model, n, m)[0] for n in names or () for m in args.microbatches]
@@ -338,7 +352,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int:
     from parsim.plan import default_jobs, search
 
-    profile, model = load_profile(args.profile), model_from_args(args)
+    profile, model = profile_from_args(args), model_from_args(args)
     limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
     runtimes = [runtime_for(args)] if args.runtime else None
     found = search(model, args.gpus, profile, limit, _schedule_names(args.schedules, runtimes[0] if runtimes else None),

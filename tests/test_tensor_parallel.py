@@ -182,6 +182,17 @@ def test_plan_prints_each_picks_tensor_parallel_degree(capsys):
     assert "tried: 1, 2, 4\n" in out  # 8 is more than the shipped profile's node
 
 
+def test_gpus_per_node_sets_the_node_a_tensor_parallel_group_stays_in(capsys):
+    """--gpus-per-node replaces the profile's node size: plan tries 8-way TP in 8-GPU nodes, and says so."""
+    status, out, _ = run(main, ["plan", "--gpus", "8", "--layers", "4", "--hidden", "512", "--tokens", "1024",
+                                "--runtime", "hw", "--top", "3", "--jobs", "1", "--gpus-per-node", "8"], capsys)
+    assert status == 0 and "tried: 1, 2, 4, 8\n" in out and "8-GPU node" in out
+    assert "gpus_per_node from --gpus-per-node" in out
+    status, out, err = run(main, ["predict", "--gpus", "6", "--tensor-parallel", "2", "--gpus-per-node", "3",
+                                  "--microbatches", "4"], capsys)
+    assert status == 2 and "does not divide the profile's 3 GPUs per node" in err
+
+
 @pytest.mark.parametrize("sequence", [False, True])
 def test_pruned_search_with_tensor_parallelism_finds_the_exhaustive_top_k(sequence):
     model, gpus, top = mlp_model(8, 256, 2048), 8, 5
