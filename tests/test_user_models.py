@@ -143,11 +143,16 @@ def test_a_tiny_transformers_model_is_profiled_predicted_and_run(variant, tmp_pa
     ("user_nets:missing", "cannot import it"),
     ("timm:vit_base_patch16_224", "timm models are not split yet"),
     ("resnet50", "expected hf:"),
+    ("user_nets:mlp --seq-len 8", "--seq-len and --layers go with a Hugging Face model"),
+    ("user_nets:mlp --image-size 32", "--image-size goes with a torchvision model"),
+    ("user_nets:mlp --microbatch-sizes 3", "time at least two micro-batch sizes"),
+    ("user_nets:mlp --microbatch-sizes 1,3", "must divide --batch 4"),
+    ("hf:gpt-2", "give the tokens per sequence (--seq-len)"),
 ])
 def test_a_model_that_cannot_be_split_is_refused_in_one_line(spec, message, tmp_path, capsys):
     out = tmp_path / "m.json"
-    line = one_error_line(*run(hw_main, ["profile", spec, "--cpu", "--batch", "4", "--out", str(out)], capsys),
-                          message)
+    line = one_error_line(*run(hw_main, ["profile", *spec.split(), "--cpu", "--batch", "4", "--out", str(out)],
+                               capsys), message)
     assert line and not out.exists()
 
 

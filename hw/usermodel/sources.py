@@ -43,6 +43,10 @@ def source_of(spec: str, seq_len: int = 0, layers: int = 0, image_size: int = 0)
         raise ModelError(f"model {spec!r}: expected {SPECS}" + ("; timm models are not split yet: pass a "
                                                                "package.module:function returning their layers"
                                                                if kind == "timm" else ""))
+    if kind != "hf" and (seq_len or layers):
+        raise ModelError(f"--seq-len and --layers go with a Hugging Face model (hf:...), not {spec}")
+    if kind != "torchvision" and image_size:
+        raise ModelError(f"--image-size goes with a torchvision model (torchvision:...), not {spec}")
     return Source(spec, seq_len=seq_len, layers=layers, image_size=image_size)
 
 
@@ -141,9 +145,9 @@ class HfDecoder(nn.Module):
 
 def hf_layers(source: Source, name: str) -> Layers:
     """A llama or gpt2 causal LM: [embedding, decoder layers..., final norm + LM head], trained on next tokens."""
-    transformers = _import("transformers", "transformers")
     if source.seq_len < 1:
         raise ModelError(f"hf:{name}: give the tokens per sequence (--seq-len)")
+    transformers = _import("transformers", "transformers")
     config = hf_config(name, source.layers)
     net = transformers.AutoModelForCausalLM.from_config(config)
     if config.model_type == "llama":
