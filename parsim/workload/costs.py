@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from parsim.errors import ModelError
-from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LayerCosts, OpCost, Profile
+from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LAYER_OPS, LayerCosts, OpCost, Profile
 from parsim.workload.layers import KINDS, Part
 from parsim.workload.models import Model
 from parsim.workload.partition import partition_by_time, stage_layers
@@ -45,7 +45,7 @@ class StageCost:
         return self.backward_input + self.backward_weight
 
 
-OPS = ("forward", "backward_input", "backward_weight")
+OPS = LAYER_OPS  # a layer's ops, in the order StageCost and LayerCosts hold them
 
 
 def gradient_add_s(profile: Profile, cost: StageCost) -> float | None:

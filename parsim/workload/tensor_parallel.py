@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from parsim.errors import ModelError, ProfileError
-from parsim.profile import CollectiveSpec, LinkSpec, Profile
+from parsim.profile import LAYER_OPS, CollectiveSpec, LinkSpec, Profile
 from parsim.workload.layers import Layer, Part
 from parsim.workload.models import Model
 from parsim.workload.transformer import INDEX_BYTES, Decoder, Embedding, Head
 
-OPS = ("forward", "backward_input", "backward_weight")
+OPS = LAYER_OPS
 PASSES = {"allreduce": 2, "reduce_scatter": 1, "all_gather": 1}  # a ring's passes over (t-1)/t of the bytes
 DEGREES = (1, 2, 4, 8)  # what plan tries
 RUNTIMES = ("hw", "torch")  # the runtimes hw runs split layers under (the graphed ones capture no collectives)
