@@ -82,8 +82,9 @@ class Clock:
 
 def one_pass(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, device: torch.device,
              inputs_only: bool = False, lead_s: float = 0.0) -> Pass:
-    """A forward through every layer and the loss, then the backward (only what input gradients need, with
-    `inputs_only`), each layer's span marked; the loss is the last layer's."""
+    """A forward through every layer and the loss, then the backward (with `inputs_only`, only what the first
+    layer's output gradient needs: the model's input needs none, as a pipeline's batch), each layer's span marked;
+    the loss is the last layer's."""
     if device.type == "cuda":
         spin(lead_s)
     fwd = Clock(device)
@@ -98,16 +99,15 @@ def one_pass(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_fn:
     bwd = Clock(device)
     for out in reversed(outs[:-1]):  # grad of layer i's output: layer i + 1's backward is done
         out.register_hook(lambda g: bwd.mark())
-    ends = [x] if x.requires_grad else []
     bwd.mark()
     if inputs_only:
-        torch.autograd.grad(outs[-1], ends or [outs[0]])
+        torch.autograd.grad(outs[-1], [outs[0]])
     else:
         outs[-1].backward()
     bwd.mark()  # the first layer's backward is done when the backward returns (then nothing is left queued)
     backward = bwd.gpu_spans()[::-1]
     host_backward = bwd.host_spans()[::-1]
-    if inputs_only and not ends:  # the first layer has no input gradient: autograd stopped at its output
+    if inputs_only:  # the first layer has no input gradient: autograd stopped at its output
         backward, host_backward = [0.0, *backward[1:]], [0.0, *host_backward[1:]]
     return Pass(fwd.gpu_spans(), backward, fwd.host_spans(), host_backward)
 
