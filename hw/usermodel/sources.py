@@ -83,19 +83,32 @@ def _import(package: str, extra: str) -> Any:
                          f"pip install {extra}") from None
 
 
-def hf_config(name: str, layers: int) -> Any:
-    """The transformers config of a preset or a config.json, with `layers` decoder layers (0: its own), its word
-    embeddings untied (a pipeline holds the embedding and the head on different GPUs) and torch's SDPA attention."""
-    transformers = _import("transformers", "transformers")
+def _config_doc(name: str) -> dict[str, Any]:
+    """A preset's config, a config.json's, or (with the hub reachable) a hub model's, as a dict."""
     if name.lower() in PRESETS:
-        doc = preset_config(name.lower())
-    else:
+        return preset_config(name.lower())
+    path = Path(name)
+    if path.suffix == ".json" or path.exists():
         try:
-            doc = json.loads(Path(name).read_text())
+            doc = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise ModelError(f"hf:{name}: not a preset ({', '.join(PRESETS)}) nor a readable config.json ({e})") \
-                from None
-    doc = {k: v for k, v in doc.items() if not k.startswith("_")}
+            raise ModelError(f"hf:{name}: not a readable config.json ({e})") from None
+        if not isinstance(doc, dict):
+            raise ModelError(f"hf:{name}: a config.json holds an object")
+        return doc
+    try:  # a hub name such as meta-llama/Llama-3.2-1B: its config alone, no weights
+        return dict(_import("transformers", "transformers").AutoConfig.from_pretrained(name).to_dict())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"hf:{name}: not a preset ({', '.join(PRESETS)}), a config.json, nor a hub model whose "
+                         f"config transformers could fetch ({str(e).splitlines()[0]})") from None
+
+
+def hf_config(name: str, layers: int) -> Any:
+    """The transformers config of a preset, a config.json or a hub model, with `layers` decoder layers (0: its own),
+    its word embeddings untied (a pipeline holds the embedding and the head on different GPUs) and torch's SDPA
+    attention."""
+    transformers = _import("transformers", "transformers")
+    doc = {k: v for k, v in _config_doc(name).items() if not k.startswith("_")}
     model_type = doc.pop("model_type", None)
     if model_type not in ("llama", "gpt2"):
         raise ModelError(f"hf:{name}: model_type {model_type!r} {NOT_SPLIT} here; hw splits llama and gpt2 models")
