@@ -107,6 +107,25 @@ def test_a_profiled_model_pipelined_matches_one_device(mlp_file, runtime, name):
     assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(model))
 
 
+@pytest.mark.parametrize("net", ["TinyResNet", "TinyViT"])
+def test_a_vision_model_split_into_layers_computes_what_it_computes_whole(net):
+    """torchvision's ResNet and VisionTransformer layouts (tiny stand-ins, with their forward) split as hw splits
+    them: the layers in turn give the model's own output, and classify."""
+    import user_nets
+
+    from hw.usermodel.sources import vision_layers
+
+    torch.manual_seed(0)
+    model = getattr(user_nets, net)().eval()
+    layers = vision_layers(Source("torchvision:stand-in", image_size=16), model)
+    x = torch.randn(3, 3, 16, 16)
+    out = x
+    for _, layer in layers.named:
+        out = layer(out)
+    assert torch.allclose(out, model(x), atol=1e-6)
+    assert layers.source.target == "classes" and layers.source.classes == 10 and layers.source.sample == "image"
+
+
 def test_a_resnet_is_split_into_stem_blocks_and_head(tmp_path):
     out = tmp_path / "resnet.json"
     assert hw_main(["profile", "user_nets:resnet", "--cpu", "--batch", "4", "--repeat", "1", "--out", str(out)]) == 0

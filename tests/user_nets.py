@@ -58,6 +58,40 @@ class TinyResNet(nn.Module):
         self.layer4 = nn.Sequential(Bottleneck(8, 8, 1))
         self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(8, 10)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # torchvision's ResNet.forward
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class Encoder(nn.Module):
+    def __init__(self, tokens: int, width: int, blocks: int):
+        super().__init__()
+        self.pos_embedding = nn.Parameter(torch.randn(1, tokens, width) * 0.02)
+        self.dropout = nn.Dropout(0.0)
+        self.layers = nn.Sequential(*[nn.TransformerEncoderLayer(width, 2, 2 * width, 0.0, batch_first=True)
+                                      for _ in range(blocks)])
+        self.ln = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(self.layers(self.dropout(x + self.pos_embedding)))
+
+
+class TinyViT(nn.Module):
+    """torchvision's VisionTransformer layout (conv_proj, class_token, encoder, heads) and forward, tiny."""
+
+    def __init__(self, side: int = 16, patch: int = 4, width: int = 16):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, width, patch, patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, width))
+        self.encoder = Encoder((side // patch) ** 2 + 1, width, 2)
+        self.heads = nn.Sequential(nn.Linear(width, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_proj(x).reshape(x.shape[0], self.class_token.shape[-1], -1).permute(0, 2, 1)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.heads(self.encoder(x)[:, 0])
+
 
 def resnet() -> tuple[list[nn.Module], torch.Tensor]:
     """TinyResNet split as hw splits torchvision's ResNets."""

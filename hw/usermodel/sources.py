@@ -21,8 +21,8 @@ from parsim.workload.configs import PRESETS, preset_config
 from parsim.workload.timed import Source
 
 SPECS = ("hf:PRESET_OR_CONFIG.json (a Hugging Face causal LM; presets: " + ", ".join(PRESETS) + "), "
-         "torchvision:NAME (a ResNet, e.g. torchvision:resnet50) or package.module:function (returning an "
-         "nn.Sequential or a list of modules, and a batch of sample inputs)")
+         "torchvision:NAME (a ResNet or a ViT, e.g. torchvision:resnet50, torchvision:vit_b_16) or "
+         "package.module:function (returning an nn.Sequential or a list of modules, and a batch of sample inputs)")
 NOT_SPLIT = "cannot be split into a pipeline's layers"
 
 
@@ -193,16 +193,62 @@ def resnet_layers(net: nn.Module) -> list[tuple[str, nn.Module]]:
     return named + [("head", nn.Sequential(part["avgpool"], nn.Flatten(1), part["fc"]))]
 
 
+class VitEmbedding(nn.Module):
+    """Images -> tokens, as torchvision's VisionTransformer makes them: patches projected, the class token first,
+    position embeddings added, dropout."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.proj, self.class_token = net.get_submodule("conv_proj"), net.get_parameter("class_token")
+        self.positions, self.drop = net.get_parameter("encoder.pos_embedding"), net.get_submodule("encoder.dropout")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.drop(x + self.positions)
+
+
+class ClassTokenHead(nn.Module):
+    """The final norm, the class token taken, and the classifier."""
+
+    def __init__(self, norm: nn.Module, heads: nn.Module):
+        super().__init__()
+        self.norm, self.heads = norm, heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.heads(self.norm(x)[:, 0])
+
+
+def vit_layers(net: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A torchvision-style VisionTransformer (conv_proj, class_token, encoder: pos_embedding, dropout, layers, ln;
+    heads) as [embedding, its encoder blocks..., head]."""
+    named: list[tuple[str, nn.Module]] = [("embed", VitEmbedding(net))]
+    named += [(f"encoder.layers.{i}", block) for i, block in enumerate(net.get_submodule("encoder.layers").children())]
+    return named + [("head", ClassTokenHead(net.get_submodule("encoder.ln"), net.get_submodule("heads")))]
+
+
 def torchvision_layers(source: Source, name: str) -> Layers:
-    """A torchvision classification model by name (a ResNet), on `image_size` images (default 224), 1,000 classes."""
+    """A torchvision classification model by name (a ResNet or a VisionTransformer), on `image_size` images
+    (default 224)."""
     models = _import("torchvision.models", "torchvision")
     try:
-        net = models.get_model(name, weights=None)
-    except (ValueError, KeyError) as e:
+        net = models.get_model(name, weights=None, **({"image_size": source.image_size}
+                                                        if source.image_size and name.startswith("vit") else {}))
+    except (ValueError, KeyError, TypeError) as e:
         raise ModelError(f"torchvision:{name}: {e}") from None
+    return vision_layers(source, net)
+
+
+def vision_layers(source: Source, net: nn.Module) -> Layers:
+    """A ResNet's or a VisionTransformer's layers, classifying `image_size` images (default 224)."""
     side = source.image_size or 224
-    source = replace(source, sample="image", image_size=side, target="classes", classes=net.fc.out_features)
-    return Layers(resnet_layers(net), source, torch.randn(1, 3, side, side))
+    if all(hasattr(net, p) for p in ("conv_proj", "class_token", "encoder", "heads")):
+        named = vit_layers(net)
+    else:
+        named = resnet_layers(net)
+    classes = [m for m in named[-1][1].modules() if isinstance(m, nn.Linear)][-1].out_features
+    source = replace(source, sample="image", image_size=side, target="classes", classes=classes)
+    return Layers(named, source, torch.randn(1, 3, side, side))
 
 
 def function_layers(source: Source) -> Layers:
