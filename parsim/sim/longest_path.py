@@ -95,6 +95,8 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     rules = kept(schedule, "_stage_waits", stage_waits)
     more = comm_waits(schedule)
     last_grad = kept(schedule, "_last_gradient_actions", last_gradient_actions) if buckets else {}
+    built = not copy_streams and schedule.__dict__.get("valid_as_built", False)  # parsim.schedules.valid_as_built
+    check = check and not built
     work: list[int] = []
     walkers: list[Iterator[None]] = []
     channels: list[_Channel] = []
@@ -119,8 +121,14 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                 host.spans, host.posted = [], {}
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
-            walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
-                                 len(walkers), work, channels, host, extras.host, slower or None))
+            if slower or extras.host or more or host.spans is not None:
+                walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
+                                     len(walkers), work, channels, host, extras.host, slower or None))
+            elif built:
+                walkers.append(_walk_built(programs[-1], views[rank], profile.host.p2p_s, len(walkers), work, host))
+            else:
+                walkers.append(_walk_plain(programs[-1], views[rank], profile.host.p2p_s, not copy_streams,
+                                           len(walkers), work, host))
         tables.append(end)
     total = sum(map(len, schedule.actions)) * walked
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
@@ -491,6 +499,190 @@ def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end
             continue
         channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
         _drain(channel, work)
+    host.t, host.busy, host.free = t, busy, free
+    host.track_ends.append(free)
+
+
+def _walk_plain(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], p2p_s: float,
+                on_compute_stream: bool, me: int, work: list[int], host: _Host) -> Iterator[None]:
+    """_walk where no action is odd (no slowdowns, extras or comm waits) and nothing is observed: the same
+    arithmetic on the same numbers in the same order, with fewer checks per action (the hot loop of a large step)."""
+    t, free, busy = host.t, 0.0, 0.0
+    extend, flt = work.extend, float
+    for a in acts:
+        kind, s, i = a
+        entry: Entry = table[kind][s]  # type: ignore[assignment]  # None (not this rank's stage) stops the walk
+        if entry[0]:
+            _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = entry
+            ready = free
+            for dep in deps:
+                e = dep[i]
+                while e.__class__ is not flt:
+                    if e is None:
+                        dep[i] = [me]
+                    else:
+                        e.append(me)
+                    yield
+                    e = dep[i]
+                if e > ready:
+                    ready = e
+            if special is not None:
+                if special[0] is not None:  # a stage's first gradient action: later ones add
+                    for op, later in special[0]:
+                        table[op][s] = later
+                if i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                    t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
+                                               host.chunk_ends.setdefault(s, []))
+                    special = True
+                else:
+                    special = None
+            if special is None:
+                if t + first_s > ready:
+                    ready = t + first_s
+                e = ready + gpu_s
+                t += host_s
+                if t + tail_s > e:
+                    e = t + tail_s
+                busy += e - ready
+                free = e
+            waiters = row[i]
+            row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            if grad_row is not None:
+                waiters = grad_row[i]
+                grad_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+            continue
+        _, first, send_row, recv_row, channel, seconds, deps, issued = entry
+        t += p2p_s
+        ready = free if on_compute_stream else 0.0
+        place = issued[0]
+        issued[0] = place + 1
+        waits = None
+        for dep in deps:
+            e = dep[i]
+            if e.__class__ is not flt:
+                waits = [(dep, i)] if waits is None else waits + [(dep, i)]
+            elif e > ready:
+                ready = e
+        other = first[i]
+        if other is None:
+            first[i] = (t, ready, waits, place)
+            continue
+        avail0, ready0, waits0, place0 = other
+        if place0 != place:
+            raise _OutOfOrder
+        avail = avail0 if avail0 > t else t
+        if ready0 > ready:
+            ready = ready0
+        if waits0 is not None:
+            waits = waits0 if waits is None else waits0 + waits
+        if waits is None and not channel.queue:
+            if channel.free > ready:
+                ready = channel.free
+            if avail > ready:
+                ready = avail
+            e = ready + seconds
+            if avail > e:
+                e = avail
+            channel.free = e
+            waiters = send_row[i]
+            send_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            waiters = recv_row[i]
+            recv_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            continue
+        channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
+        _drain(channel, work)
+    host.t, host.busy, host.free = t, busy, free
+    host.track_ends.append(free)
+
+
+def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], p2p_s: float, me: int,
+                work: list[int], host: _Host) -> Iterator[None]:
+    """_walk_plain for a schedule valid as built (parsim.schedules.valid_as_built) on the compute stream: each
+    message is in its channel's order at both ends, and sent right after the compute it sends, whose end is then
+    its stream's (the send's own wait, a no-op in the max); the same arithmetic on the same numbers, in order."""
+    t, free, busy = host.t, 0.0, 0.0
+    extend, flt = work.extend, float
+    for a in acts:
+        kind, s, i = a
+        entry: Entry = table[kind][s]  # type: ignore[assignment]
+        if entry[0]:
+            _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = entry
+            ready = free
+            for dep in deps:
+                e = dep[i]
+                while e.__class__ is not flt:
+                    if e is None:
+                        dep[i] = [me]
+                    else:
+                        e.append(me)
+                    yield
+                    e = dep[i]
+                if e > ready:
+                    ready = e
+            if special is not None:
+                if special[0] is not None:  # a stage's first gradient action: later ones add
+                    for op, later in special[0]:
+                        table[op][s] = later
+                if i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                    t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
+                                               host.chunk_ends.setdefault(s, []))
+                    special = True
+                else:
+                    special = None
+            if special is None:
+                if t + first_s > ready:
+                    ready = t + first_s
+                e = ready + gpu_s
+                t += host_s
+                if t + tail_s > e:
+                    e = t + tail_s
+                busy += e - ready
+                free = e
+            waiters = row[i]
+            row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            if grad_row is not None:
+                waiters = grad_row[i]
+                grad_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+            continue
+        first, send_row, recv_row, channel, seconds = entry[1:6]
+        t += p2p_s
+        other = first[i]
+        if other is None:  # the first of its two hosts to issue it
+            first[i] = (t, free)
+            continue
+        avail, ready = other
+        if t > avail:
+            avail = t
+        if free > ready:
+            ready = free
+        if channel.free > ready:
+            ready = channel.free
+        if avail > ready:
+            ready = avail
+        e = ready + seconds
+        if avail > e:
+            e = avail
+        channel.free = e
+        waiters = send_row[i]
+        send_row[i] = e
+        if waiters is not None:
+            extend(waiters)
+        waiters = recv_row[i]
+        recv_row[i] = e
+        if waiters is not None:
+            extend(waiters)
     host.t, host.busy, host.free = t, busy, free
     host.track_ends.append(free)
 
