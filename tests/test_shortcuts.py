@@ -218,7 +218,9 @@ def test_each_walk_settles_the_same_step_to_the_bit(step, recompute):
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 def test_schedules_valid_as_built_are_valid_and_hold_what_they_note(name):
     """A schedule noted valid as built (parsim.schedules.valid_as_built) passes validate, channel order included;
-    the peaks it notes are what its programs hold (peak_held_bytes read off every action)."""
+    the peaks it notes are what its programs hold (peak_held_bytes read off every action); walked in blocks, its
+    step is the one walked action by action."""
+    profile = make_profile(latency_s=3e-6, bandwidth_Bps=3e9, action_s=2e-5, p2p_s=4e-6)
     for p in range(1, 7):
         for m in range(1, 11):
             schedule = RUNTIMES["hw"].build(name, p, m, None)
@@ -226,3 +228,7 @@ def test_schedules_valid_as_built_are_valid_and_hold_what_they_note(name):
             validate(schedule)
             stash = [1000 + 7 * s for s in range(p)]
             assert peak_held_bytes(schedule, stash) == peak_held_bytes(dataclasses.replace(schedule), stash)
+            costs = [StageCost(Work(1e-3 * (s + 1), 1e-4, 2), Work(2e-3, 1e-6, 2), Work(1e-3, 1e-6, 1),
+                               send_bytes=(s + 1) << 16, stash_bytes=1000, grad_bytes=1 << 20) for s in range(p)]
+            built = settle_step(schedule, costs, profile, recompute="never")
+            assert built == settle_step(dataclasses.replace(schedule), costs, profile, check=True)

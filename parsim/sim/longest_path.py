@@ -603,86 +603,140 @@ def _walk_plain(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
     host.track_ends.append(free)
 
 
+def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> tuple[int, int, dict[str, tuple[Any, ...]]] | None:
+    """A rank's program under a schedule valid as built, as blocks: its one stage, the block length (a compute with
+    the receive before it and the send after it, where its neighbour is on another rank; alike for forwards and
+    backwards) and, by a block's first op, its (receive's entry or None, computes' entries, send's entry or None);
+    None where the rank does not have one stage or its blocks differ in length."""
+    if len(table[Op.FORWARD]) != 1:
+        return None
+    (s,) = table[Op.FORWARD]
+    recv_f, send_f = table[Op.RECV_F].get(s), table[Op.SEND_F].get(s)
+    recv_b, send_b = table[Op.RECV_B].get(s), table[Op.SEND_B].get(s)
+    if (recv_f is None) != (send_b is None) or (send_f is None) != (recv_b is None):
+        return None
+    forwards, backwards = table[Op.FORWARD], table[Op.BACKWARD]
+    heads: dict[str, tuple[Any, ...]] = {Op.FORWARD: (None, forwards, send_f), Op.BACKWARD: (None, backwards, send_b)}
+    if recv_f is not None:
+        heads[Op.RECV_F] = (recv_f, forwards, send_f)
+    if recv_b is not None:
+        heads[Op.RECV_B] = (recv_b, backwards, send_b)
+    return s, 1 + (recv_f is not None) + (send_f is not None), heads
+
+
 def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], p2p_s: float, me: int,
                 work: list[int], host: _Host) -> Iterator[None]:
-    """_walk_plain for a schedule valid as built (parsim.schedules.valid_as_built) on the compute stream: each
-    message is in its channel's order at both ends, and sent right after the compute it sends, whose end is then
-    its stream's (the send's own wait, a no-op in the max); the same arithmetic on the same numbers, in order."""
+    """_walk_plain for a schedule valid as built (parsim.schedules.valid_as_built) on the compute stream, a block
+    (receive, compute, send: _built_blocks) at a time: each message is in its channel's order at both ends, and
+    sent right after the compute it sends, whose end is then its stream's (the send's own wait, a no-op in the
+    max); the same arithmetic on the same numbers, in order. A rank not in blocks is walked by _walk_plain."""
+    blocks = _built_blocks(table)
+    if blocks is None:
+        yield from _walk_plain(acts, table, p2p_s, True, me, work, host)
+        return
+    s, length, heads = blocks
     t, free, busy = host.t, 0.0, 0.0
     extend, flt = work.extend, float
-    for a in acts:
-        kind, s, i = a
-        entry: Entry = table[kind][s]  # type: ignore[assignment]
-        if entry[0]:
-            _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = entry
-            ready = free
-            for dep in deps:
-                e = dep[i]
-                while e.__class__ is not flt:
-                    if e is None:
-                        dep[i] = [me]
-                    else:
-                        e.append(me)
-                    yield
-                    e = dep[i]
-                if e > ready:
-                    ready = e
-            if special is not None:
-                if special[0] is not None:  # a stage's first gradient action: later ones add
-                    for op, later in special[0]:
-                        table[op][s] = later
-                if i == special[1]:  # a stage's last gradient action: one chunk per bucket
-                    t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
-                                               host.chunk_ends.setdefault(s, []))
-                    special = True
-                else:
-                    special = None
-            if special is None:
-                if t + first_s > ready:
-                    ready = t + first_s
-                e = ready + gpu_s
-                t += host_s
-                if t + tail_s > e:
-                    e = t + tail_s
-                busy += e - ready
-                free = e
-            waiters = row[i]
-            row[i] = e
-            if waiters is not None:
-                extend(waiters)
-            if grad_row is not None:
-                waiters = grad_row[i]
-                grad_row[i] = e
+    for block in zip(*[acts] * length, strict=True):  # a program not in whole blocks raises
+        recv, computes, send = heads[block[0][0]]
+        i = block[0][2]
+        if recv is not None:  # the receive: issued; settled here where the sender issued it first
+            _, first, send_row, recv_row, channel, seconds, _, _ = recv
+            t += p2p_s
+            other = first[i]
+            if other is None:
+                first[i] = (t, free)
+            else:
+                avail, ready = other
+                if t > avail:
+                    avail = t
+                if free > ready:
+                    ready = free
+                if channel.free > ready:
+                    ready = channel.free
+                if avail > ready:
+                    ready = avail
+                e = ready + seconds
+                if avail > e:
+                    e = avail
+                channel.free = e
+                waiters = send_row[i]
+                send_row[i] = e
                 if waiters is not None:
                     extend(waiters)
-            continue
-        first, send_row, recv_row, channel, seconds = entry[1:6]
-        t += p2p_s
-        other = first[i]
-        if other is None:  # the first of its two hosts to issue it
-            first[i] = (t, free)
-            continue
-        avail, ready = other
-        if t > avail:
-            avail = t
-        if free > ready:
-            ready = free
-        if channel.free > ready:
-            ready = channel.free
-        if avail > ready:
-            ready = avail
-        e = ready + seconds
-        if avail > e:
-            e = avail
-        channel.free = e
-        waiters = send_row[i]
-        send_row[i] = e
+                waiters = recv_row[i]
+                recv_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+        _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = computes[s]
+        ready = free
+        for dep in deps:
+            e = dep[i]
+            while e.__class__ is not flt:
+                if e is None:
+                    dep[i] = [me]
+                else:
+                    e.append(me)
+                yield
+                e = dep[i]
+            if e > ready:
+                ready = e
+        if special is not None:
+            if special[0] is not None:  # a stage's first gradient action: later ones add
+                for op, later in special[0]:
+                    table[op][s] = later
+            if i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
+                                           host.chunk_ends.setdefault(s, []))
+                special = True
+            else:
+                special = None
+        if special is None:
+            if t + first_s > ready:
+                ready = t + first_s
+            e = ready + gpu_s
+            t += host_s
+            if t + tail_s > e:
+                e = t + tail_s
+            busy += e - ready
+            free = e
+        waiters = row[i]
+        row[i] = e
         if waiters is not None:
             extend(waiters)
-        waiters = recv_row[i]
-        recv_row[i] = e
-        if waiters is not None:
-            extend(waiters)
+        if grad_row is not None:
+            waiters = grad_row[i]
+            grad_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+        if send is not None:  # the send: as the receive, its stream's end being the compute's
+            _, first, send_row, recv_row, channel, seconds, _, _ = send
+            t += p2p_s
+            other = first[i]
+            if other is None:
+                first[i] = (t, free)
+            else:
+                avail, ready = other
+                if t > avail:
+                    avail = t
+                if free > ready:
+                    ready = free
+                if channel.free > ready:
+                    ready = channel.free
+                if avail > ready:
+                    ready = avail
+                e = ready + seconds
+                if avail > e:
+                    e = avail
+                channel.free = e
+                waiters = send_row[i]
+                send_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+                waiters = recv_row[i]
+                recv_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
     host.t, host.busy, host.free = t, busy, free
     host.track_ends.append(free)
 
