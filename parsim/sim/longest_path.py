@@ -133,19 +133,10 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     total = sum(map(len, schedule.actions)) * walked
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
     work.extend(range(len(walkers) - 1, -1, -1))
-    finished = 0
     if check and not _microbatches_nonnegative(schedule):
         return None
     try:
-        while work:
-            tag = work.pop()
-            if tag < 0:
-                _drain(channels[-1 - tag], work)
-                continue
-            try:
-                next(walkers[tag])
-            except StopIteration:
-                finished += 1
+        finished = _run(walkers, work, channels)
     except _OutOfOrder:
         return None
     except (LookupError, TypeError, ValueError):  # an action out of range, on another rank, repeated or malformed
@@ -176,6 +167,25 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     return Settled(max(finished_s, default=0.0), tuple(h.busy for h in hosts) * copies, tuple(finished_s) * copies,
                    tables * copies, tuple(h.spans for h in hosts[:pp] if h.spans is not None),
                    tuple(h.posted for h in hosts[:pp] if h.posted is not None))
+
+
+def _run(walkers: list[Iterator[None]], work: list[int], channels: list[_Channel]) -> int:
+    """Resume what `work` names (a walker's tag, or a channel's: negative) until nothing is left; how many walkers
+    finished. Hot: once per walker's wait (64k times for 1F1B 64 x 1024)."""
+    resume = [w.__next__ for w in walkers]
+    pop = work.pop
+    finished = 0
+    while work:
+        try:
+            while work:
+                tag = pop()
+                if tag >= 0:
+                    resume[tag]()
+                else:
+                    _drain(channels[-1 - tag], work)
+        except StopIteration:
+            finished += 1
+    return finished
 
 
 def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
