@@ -38,6 +38,7 @@ ALIKE_REPLICAS_ONCE = True  # simulate alike replicas once (replicas_alike); ben
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 Entry = tuple[Any, ...]  # the walk's entry for an (op, stage): a compute's or a message's (see the tables below)
+Blocks = tuple[int, int, dict[str, tuple[Any, ...]]]  # a rank's program in blocks (_built_blocks)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         table = _compute_table(schedule, launches, rules, end, last_grad, buckets or {}, add_s)
         table |= _message_table(schedule, costs, profile, rules, end, chans, off)
         views = _rank_tables(table, schedule.stage_to_rank, pp)
+        blocks = _rank_blocks(views) if built else None
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
             host.t = profile.host.begin_s  # the runtime's bookkeeping before its first launch
@@ -124,8 +126,9 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
             if slower or extras.host or more or host.spans is not None:
                 walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
                                      len(walkers), work, channels, host, extras.host, slower or None))
-            elif built:
-                walkers.append(_walk_built(programs[-1], views[rank], profile.host.p2p_s, len(walkers), work, host))
+            elif blocks is not None:
+                walkers.append(_walk_built(programs[-1], views[rank], blocks[rank], profile.host.p2p_s, len(walkers),
+                                           work, host))
             else:
                 walkers.append(_walk_plain(programs[-1], views[rank], profile.host.p2p_s, not copy_streams,
                                            len(walkers), work, host))
@@ -355,7 +358,8 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                    chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[Entry | None]]:
     """send or receive op -> per stage, the walk's entry for its messages: (False, the send's row of first issues,
     the send's row, the receive's row, the channel, the message's seconds, the rows this end waits for, this end's
-    count of the channel's messages issued so far); None where a stage has no such message."""
+    count of the channel's messages issued so far, the send's row of first issuers' stream ends: _walk_built's,
+    which keeps a first issue's host clock in the row of first issues); None where a stage has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
     table: dict[str, list[Entry | None]] = {op: [None] * (last + 1) for op in COMM_OPS}
@@ -369,8 +373,9 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
             seconds = spec.time_s(message_bytes(Action(send, s, 0), costs))
             channel = chans[src, dst]
             common = (False, first[send][s], end[send][s], end[recv][r], channel, seconds)
-            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), channel.sent)
-            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), channel.received)
+            readies = [None] * schedule.num_microbatches
+            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), channel.sent, readies)
+            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), channel.received, readies)
     return table
 
 
@@ -448,7 +453,7 @@ def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end
                 if waiters is not None:
                     work.extend(waiters)
             continue
-        _, first, send_row, recv_row, channel, seconds, deps, issued = entry
+        _, first, send_row, recv_row, channel, seconds, deps, issued, _ = entry
         if odd is not None and a in odd and extras:
             t += p2p_s + extras.get(a, 0.0)
         else:
@@ -565,7 +570,7 @@ def _walk_plain(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
                 if waiters is not None:
                     extend(waiters)
             continue
-        _, first, send_row, recv_row, channel, seconds, deps, issued = entry
+        _, first, send_row, recv_row, channel, seconds, deps, issued, _ = entry
         t += p2p_s
         ready = free if on_compute_stream else 0.0
         place = issued[0]
@@ -613,7 +618,19 @@ def _walk_plain(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
     host.track_ends.append(free)
 
 
-def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> tuple[int, int, dict[str, tuple[Any, ...]]] | None:
+def _rank_blocks(views: list[dict[str, dict[int, Entry | None]]]) -> list[Blocks] | None:
+    """_built_blocks of every rank, or None where some rank is not in blocks: every rank of a step is walked in
+    blocks or none is (_walk_built keeps a message's first issue its own way)."""
+    blocks = []
+    for view in views:
+        rank = _built_blocks(view)
+        if rank is None:
+            return None
+        blocks.append(rank)
+    return blocks
+
+
+def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> Blocks | None:
     """A rank's program under a schedule valid as built, as blocks: its one stage, the block length (a compute with
     the receive before it and the send after it, where its neighbour is on another rank; alike for forwards and
     backwards) and, by a block's first op, its (receive's entry or None, computes' entries, send's entry or None);
@@ -634,16 +651,13 @@ def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> tuple[int, int, 
     return s, 1 + (recv_f is not None) + (send_f is not None), heads
 
 
-def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], p2p_s: float, me: int,
-                work: list[int], host: _Host) -> Iterator[None]:
+def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]],
+                blocks: Blocks, p2p_s: float, me: int, work: list[int], host: _Host) -> Iterator[None]:
     """_walk_plain for a schedule valid as built (parsim.schedules.valid_as_built) on the compute stream, a block
     (receive, compute, send: _built_blocks) at a time: each message is in its channel's order at both ends, and
     sent right after the compute it sends, whose end is then its stream's (the send's own wait, a no-op in the
-    max); the same arithmetic on the same numbers, in order. A rank not in blocks is walked by _walk_plain."""
-    blocks = _built_blocks(table)
-    if blocks is None:
-        yield from _walk_plain(acts, table, p2p_s, True, me, work, host)
-        return
+    max); the same arithmetic on the same numbers, in order. Every rank of the step is walked so or none: a
+    message's first issue is kept as a host clock and a stream end, in two rows (the other walks keep a tuple)."""
     s, length, heads = blocks
     t, free, busy = host.t, 0.0, 0.0
     extend, flt = work.extend, float
@@ -651,13 +665,13 @@ def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
         recv, computes, send = heads[block[0][0]]
         i = block[0][2]
         if recv is not None:  # the receive: issued; settled here where the sender issued it first
-            _, first, send_row, recv_row, channel, seconds, _, _ = recv
+            _, first, send_row, recv_row, channel, seconds, _, _, readies = recv
             t += p2p_s
-            other = first[i]
-            if other is None:
-                first[i] = (t, free)
+            avail = first[i]
+            if avail is None:
+                first[i], readies[i] = t, free
             else:
-                avail, ready = other
+                ready = readies[i]
                 if t > avail:
                     avail = t
                 if free > ready:
@@ -720,13 +734,13 @@ def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
             if waiters is not None:
                 extend(waiters)
         if send is not None:  # the send: as the receive, its stream's end being the compute's
-            _, first, send_row, recv_row, channel, seconds, _, _ = send
+            _, first, send_row, recv_row, channel, seconds, _, _, readies = send
             t += p2p_s
-            other = first[i]
-            if other is None:
-                first[i] = (t, free)
+            avail = first[i]
+            if avail is None:
+                first[i], readies[i] = t, free
             else:
-                avail, ready = other
+                ready = readies[i]
                 if t > avail:
                     avail = t
                 if free > ready:
