@@ -19,6 +19,7 @@ from parsim.sim import longest_path
 from parsim.sim.check import validate
 from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.longest_path import replicas_alike, settle_step
+from parsim.sim.lower import peak_held_bytes
 from parsim.sim.predict import StepAbove, simulate
 from parsim.workload import StageCost, Work
 from parsim.workload.recompute import MODES
@@ -194,3 +195,40 @@ def test_the_walk_vouches_only_for_a_valid_schedule(step):
         return
     if settled is not None:
         assert settled == settle_step(schedule, costs, profile, copy, dp, buckets)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(step=steps(), recompute=st.sampled_from(MODES))
+def test_each_walk_settles_the_same_step_to_the_bit(step, recompute):
+    """The walk's variants agree on every end, busy time and host end: the general one (observing), the plain one
+    (nothing odd, nothing observed) and, for a schedule valid as built, the one that trusts it; with replicas."""
+    if step is None:
+        return
+    schedule, profile, costs, dp, copy = step
+    buckets = gradient_buckets(costs) if dp > 1 else None
+    general = settle_step(schedule, costs, profile, copy, dp, buckets, observe=True, recompute=recompute)
+    for variant in (schedule, dataclasses.replace(schedule)):  # as built (noted, where its builder notes it); not
+        settled = settle_step(variant, costs, profile, copy, dp, buckets, recompute=recompute, check=True)
+        assert (settled is None) == (general is None)
+        if settled is not None and general is not None:
+            assert (settled.step_time_s, settled.busy_s, settled.finished_s, settled.ends) == (
+                general.step_time_s, general.busy_s, general.finished_s, general.ends)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_schedules_valid_as_built_are_valid_and_hold_what_they_note(name):
+    """A schedule noted valid as built (parsim.schedules.valid_as_built) passes validate, channel order included;
+    the peaks it notes are what its programs hold (peak_held_bytes read off every action); walked in blocks, its
+    step is the one walked action by action."""
+    profile = make_profile(latency_s=3e-6, bandwidth_Bps=3e9, action_s=2e-5, p2p_s=4e-6)
+    for p in range(1, 7):
+        for m in range(1, 11):
+            schedule = RUNTIMES["hw"].build(name, p, m, None)
+            assert schedule.__dict__.get("valid_as_built")
+            validate(schedule)
+            stash = [1000 + 7 * s for s in range(p)]
+            assert peak_held_bytes(schedule, stash) == peak_held_bytes(dataclasses.replace(schedule), stash)
+            costs = [StageCost(Work(1e-3 * (s + 1), 1e-4, 2), Work(2e-3, 1e-6, 2), Work(1e-3, 1e-6, 1),
+                               send_bytes=(s + 1) << 16, stash_bytes=1000, grad_bytes=1 << 20) for s in range(p)]
+            built = settle_step(schedule, costs, profile, recompute="never")
+            assert built == settle_step(dataclasses.replace(schedule), costs, profile, check=True)

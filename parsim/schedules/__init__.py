@@ -26,6 +26,7 @@ from parsim.schedules.actions import (
     paired_recv,
     place_messages,
     receives_at_use,
+    valid_as_built,
     with_messages,
 )
 from parsim.schedules.from_torch import TORCH_PREFIX
@@ -47,7 +48,7 @@ __all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SC
            "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
            "dualpipev", "dualpipev_orders", "from_torch", "gpipe", "interleaved_1f1b", "interleaved_orders",
            "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
-           "receives_at_use", "schedule_name", "v_stage_to_rank", "with_messages", "zb_h1", "zbv"]
+           "receives_at_use", "schedule_name", "v_stage_to_rank", "valid_as_built", "with_messages", "zb_h1", "zbv"]
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,

@@ -118,6 +118,17 @@ def receives_at_use(schedule: Schedule) -> Schedule:
     return schedule
 
 
+def valid_as_built(schedule: Schedule, peaks: tuple[int, ...]) -> Schedule:
+    """`schedule` of one stage per rank, noted as valid by construction (check.validate passes it, channel order
+    included) with each send right after the compute it sends, as with_messages places them, and per rank the most
+    micro-batches its stage holds at once (`peaks`): the longest-path walk then need not vouch for it, nor memory
+    read its program (parsim.sim.longest_path, parsim.sim.lower). On this object only: dataclasses.replace makes
+    a schedule without it."""
+    object.__setattr__(schedule, "valid_as_built", True)
+    object.__setattr__(schedule, "peaks_as_built", peaks)
+    return schedule
+
+
 def forward_with_messages(stage: int, mb: int, stage_to_rank: tuple[int, ...]) -> list[Action]:
     """Receive the input (if it comes from another rank), run the forward, send the output."""
     rank, new = stage_to_rank[stage], _new_tuple  # actions built in C: generators make 400k of them

@@ -17,6 +17,7 @@ from parsim.schedules.actions import (
     forward_with_messages,
     place_messages,
     receives_at_use,
+    valid_as_built,
     with_messages,
 )
 
@@ -45,7 +46,7 @@ def gpipe(num_ranks: int, num_microbatches: int) -> Schedule:
     for s in range(p):
         forward, backward = _columns(s, m, owner)
         ranks.append((*_rows(forward), *_rows(backward)))
-    return receives_at_use(Schedule("gpipe", p, m, owner, tuple(ranks)))
+    return valid_as_built(receives_at_use(Schedule("gpipe", p, m, owner, tuple(ranks))), (m,) * p)
 
 
 def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -65,7 +66,8 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> Schedule:
         forward, backward = _columns(s, m, owner)
         steady = [c[w:] for c in forward] + [c[:m - w] for c in backward]
         ranks.append((*_rows([c[:w] for c in forward]), *_rows(steady), *_rows([c[m - w:] for c in backward])))
-    return receives_at_use(Schedule("1f1b", p, m, owner, tuple(ranks)))
+    peaks = tuple(min(p - s, m) for s in range(p))  # w warm-up forwards, then one more before each backward
+    return valid_as_built(receives_at_use(Schedule("1f1b", p, m, owner, tuple(ranks))), peaks)
 
 
 def _columns(stage: int, m: int, owner: tuple[int, ...]) -> tuple[list[list[Action]], list[list[Action]]]:

@@ -38,6 +38,7 @@ ALIKE_REPLICAS_ONCE = True  # simulate alike replicas once (replicas_alike); ben
 Span = tuple[object, float, float]  # a compute stream's op: its action (or its label), start, end
 Row = list[Any]  # one (op, stage)'s micro-batches: an end time, or None / the waiters' tags while not settled
 Entry = tuple[Any, ...]  # the walk's entry for an (op, stage): a compute's or a message's (see the tables below)
+Blocks = tuple[int, int, dict[str, tuple[Any, ...]]]  # a rank's program in blocks (_built_blocks)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     rules = kept(schedule, "_stage_waits", stage_waits)
     more = comm_waits(schedule)
     last_grad = kept(schedule, "_last_gradient_actions", last_gradient_actions) if buckets else {}
+    built = not copy_streams and schedule.__dict__.get("valid_as_built", False)  # parsim.schedules.valid_as_built
+    check = check and not built
     work: list[int] = []
     walkers: list[Iterator[None]] = []
     channels: list[_Channel] = []
@@ -112,6 +115,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         table = _compute_table(schedule, launches, rules, end, last_grad, buckets or {}, add_s)
         table |= _message_table(schedule, costs, profile, rules, end, chans, off)
         views = _rank_tables(table, schedule.stage_to_rank, pp)
+        blocks = _rank_blocks(views) if built else None
         for rank, acts in enumerate(schedule.actions):
             host = _Host(off + rank)
             host.t = profile.host.begin_s  # the runtime's bookkeeping before its first launch
@@ -119,25 +123,23 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                 host.spans, host.posted = [], {}
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
-            walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
-                                 len(walkers), work, channels, host, extras.host, slower or None))
+            if slower or extras.host or more or host.spans is not None:
+                walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
+                                     len(walkers), work, channels, host, extras.host, slower or None))
+            elif blocks is not None:
+                walkers.append(_walk_built(programs[-1], views[rank], blocks[rank], profile.host.p2p_s, len(walkers),
+                                           work, host))
+            else:
+                walkers.append(_walk_plain(programs[-1], views[rank], profile.host.p2p_s, not copy_streams,
+                                           len(walkers), work, host))
         tables.append(end)
     total = sum(map(len, schedule.actions)) * walked
     watch_progress(lambda: (total - sum(map(length_hint, programs)), total))
     work.extend(range(len(walkers) - 1, -1, -1))
-    finished = 0
     if check and not _microbatches_nonnegative(schedule):
         return None
     try:
-        while work:
-            tag = work.pop()
-            if tag < 0:
-                _drain(channels[-1 - tag], work)
-                continue
-            try:
-                next(walkers[tag])
-            except StopIteration:
-                finished += 1
+        finished = _run(walkers, work, channels)
     except _OutOfOrder:
         return None
     except (LookupError, TypeError, ValueError):  # an action out of range, on another rank, repeated or malformed
@@ -168,6 +170,25 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
     return Settled(max(finished_s, default=0.0), tuple(h.busy for h in hosts) * copies, tuple(finished_s) * copies,
                    tables * copies, tuple(h.spans for h in hosts[:pp] if h.spans is not None),
                    tuple(h.posted for h in hosts[:pp] if h.posted is not None))
+
+
+def _run(walkers: list[Iterator[None]], work: list[int], channels: list[_Channel]) -> int:
+    """Resume what `work` names (a walker's tag, or a channel's: negative) until nothing is left; how many walkers
+    finished. Hot: once per walker's wait (64k times for 1F1B 64 x 1024)."""
+    resume = [w.__next__ for w in walkers]
+    pop = work.pop
+    finished = 0
+    while work:
+        try:
+            while work:
+                tag = pop()
+                if tag >= 0:
+                    resume[tag]()
+                else:
+                    _drain(channels[-1 - tag], work)
+        except StopIteration:
+            finished += 1
+    return finished
 
 
 def channel_pairs(schedule: Schedule) -> list[tuple[int, int]]:
@@ -337,7 +358,8 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
                    chans: dict[tuple[int, int], _Channel], off: int) -> dict[str, list[Entry | None]]:
     """send or receive op -> per stage, the walk's entry for its messages: (False, the send's row of first issues,
     the send's row, the receive's row, the channel, the message's seconds, the rows this end waits for, this end's
-    count of the channel's messages issued so far); None where a stage has no such message."""
+    count of the channel's messages issued so far, the send's row of first issuers' stream ends: _walk_built's,
+    which keeps a first issue's host clock in the row of first issues); None where a stage has no such message."""
     owner, last = schedule.stage_to_rank, schedule.num_stages - 1
     first = {op: [[None] * schedule.num_microbatches for _ in range(last + 1)] for op in PAIRED_RECV}
     table: dict[str, list[Entry | None]] = {op: [None] * (last + 1) for op in COMM_OPS}
@@ -351,8 +373,9 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
             seconds = spec.time_s(message_bytes(Action(send, s, 0), costs))
             channel = chans[src, dst]
             common = (False, first[send][s], end[send][s], end[recv][r], channel, seconds)
-            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), channel.sent)
-            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), channel.received)
+            readies = [None] * schedule.num_microbatches
+            table[send][s] = common + (tuple(end[k][t] for k, t in rules[send][s]), channel.sent, readies)
+            table[recv][r] = common + (tuple(end[k][t] for k, t in rules[recv][r]), channel.received, readies)
     return table
 
 
@@ -430,7 +453,7 @@ def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end
                 if waiters is not None:
                     work.extend(waiters)
             continue
-        _, first, send_row, recv_row, channel, seconds, deps, issued = entry
+        _, first, send_row, recv_row, channel, seconds, deps, issued, _ = entry
         if odd is not None and a in odd and extras:
             t += p2p_s + extras.get(a, 0.0)
         else:
@@ -491,6 +514,253 @@ def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end
             continue
         channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
         _drain(channel, work)
+    host.t, host.busy, host.free = t, busy, free
+    host.track_ends.append(free)
+
+
+def _walk_plain(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], p2p_s: float,
+                on_compute_stream: bool, me: int, work: list[int], host: _Host) -> Iterator[None]:
+    """_walk where no action is odd (no slowdowns, extras or comm waits) and nothing is observed: the same
+    arithmetic on the same numbers in the same order, with fewer checks per action (the hot loop of a large step)."""
+    t, free, busy = host.t, 0.0, 0.0
+    extend, flt = work.extend, float
+    for a in acts:
+        kind, s, i = a
+        entry: Entry = table[kind][s]  # type: ignore[assignment]  # None (not this rank's stage) stops the walk
+        if entry[0]:
+            _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = entry
+            ready = free
+            for dep in deps:
+                e = dep[i]
+                while e.__class__ is not flt:
+                    if e is None:
+                        dep[i] = [me]
+                    else:
+                        e.append(me)
+                    yield
+                    e = dep[i]
+                if e > ready:
+                    ready = e
+            if special is not None:
+                if special[0] is not None:  # a stage's first gradient action: later ones add
+                    for op, later in special[0]:
+                        table[op][s] = later
+                if i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                    t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
+                                               host.chunk_ends.setdefault(s, []))
+                    special = True
+                else:
+                    special = None
+            if special is None:
+                if t + first_s > ready:
+                    ready = t + first_s
+                e = ready + gpu_s
+                t += host_s
+                if t + tail_s > e:
+                    e = t + tail_s
+                busy += e - ready
+                free = e
+            waiters = row[i]
+            row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            if grad_row is not None:
+                waiters = grad_row[i]
+                grad_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+            continue
+        _, first, send_row, recv_row, channel, seconds, deps, issued, _ = entry
+        t += p2p_s
+        ready = free if on_compute_stream else 0.0
+        place = issued[0]
+        issued[0] = place + 1
+        waits = None
+        for dep in deps:
+            e = dep[i]
+            if e.__class__ is not flt:
+                waits = [(dep, i)] if waits is None else waits + [(dep, i)]
+            elif e > ready:
+                ready = e
+        other = first[i]
+        if other is None:
+            first[i] = (t, ready, waits, place)
+            continue
+        avail0, ready0, waits0, place0 = other
+        if place0 != place:
+            raise _OutOfOrder
+        avail = avail0 if avail0 > t else t
+        if ready0 > ready:
+            ready = ready0
+        if waits0 is not None:
+            waits = waits0 if waits is None else waits0 + waits
+        if waits is None and not channel.queue:
+            if channel.free > ready:
+                ready = channel.free
+            if avail > ready:
+                ready = avail
+            e = ready + seconds
+            if avail > e:
+                e = avail
+            channel.free = e
+            waiters = send_row[i]
+            send_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            waiters = recv_row[i]
+            recv_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+            continue
+        channel.queue.append([avail, ready, waits, seconds, send_row, recv_row, i])
+        _drain(channel, work)
+    host.t, host.busy, host.free = t, busy, free
+    host.track_ends.append(free)
+
+
+def _rank_blocks(views: list[dict[str, dict[int, Entry | None]]]) -> list[Blocks] | None:
+    """_built_blocks of every rank, or None where some rank is not in blocks: every rank of a step is walked in
+    blocks or none is (_walk_built keeps a message's first issue its own way)."""
+    blocks = []
+    for view in views:
+        rank = _built_blocks(view)
+        if rank is None:
+            return None
+        blocks.append(rank)
+    return blocks
+
+
+def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> Blocks | None:
+    """A rank's program under a schedule valid as built, as blocks: its one stage, the block length (a compute with
+    the receive before it and the send after it, where its neighbour is on another rank; alike for forwards and
+    backwards) and, by a block's first op, its (receive's entry or None, computes' entries, send's entry or None);
+    None where the rank does not have one stage or its blocks differ in length."""
+    if len(table[Op.FORWARD]) != 1:
+        return None
+    (s,) = table[Op.FORWARD]
+    recv_f, send_f = table[Op.RECV_F].get(s), table[Op.SEND_F].get(s)
+    recv_b, send_b = table[Op.RECV_B].get(s), table[Op.SEND_B].get(s)
+    if (recv_f is None) != (send_b is None) or (send_f is None) != (recv_b is None):
+        return None
+    forwards, backwards = table[Op.FORWARD], table[Op.BACKWARD]
+    heads: dict[str, tuple[Any, ...]] = {Op.FORWARD: (None, forwards, send_f), Op.BACKWARD: (None, backwards, send_b)}
+    if recv_f is not None:
+        heads[Op.RECV_F] = (recv_f, forwards, send_f)
+    if recv_b is not None:
+        heads[Op.RECV_B] = (recv_b, backwards, send_b)
+    return s, 1 + (recv_f is not None) + (send_f is not None), heads
+
+
+def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]],
+                blocks: Blocks, p2p_s: float, me: int, work: list[int], host: _Host) -> Iterator[None]:
+    """_walk_plain for a schedule valid as built (parsim.schedules.valid_as_built) on the compute stream, a block
+    (receive, compute, send: _built_blocks) at a time: each message is in its channel's order at both ends, and
+    sent right after the compute it sends, whose end is then its stream's (the send's own wait, a no-op in the
+    max); the same arithmetic on the same numbers, in order. Every rank of the step is walked so or none: a
+    message's first issue is kept as a host clock and a stream end, in two rows (the other walks keep a tuple)."""
+    s, length, heads = blocks
+    t, free, busy = host.t, 0.0, 0.0
+    extend, flt = work.extend, float
+    for block in zip(*[acts] * length, strict=True):  # a program not in whole blocks raises
+        recv, computes, send = heads[block[0][0]]
+        i = block[0][2]
+        if recv is not None:  # the receive: issued; settled here where the sender issued it first
+            _, first, send_row, recv_row, channel, seconds, _, _, readies = recv
+            t += p2p_s
+            avail = first[i]
+            if avail is None:
+                first[i], readies[i] = t, free
+            else:
+                ready = readies[i]
+                if t > avail:
+                    avail = t
+                if free > ready:
+                    ready = free
+                if channel.free > ready:
+                    ready = channel.free
+                if avail > ready:
+                    ready = avail
+                e = ready + seconds
+                if avail > e:
+                    e = avail
+                channel.free = e
+                waiters = send_row[i]
+                send_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+                waiters = recv_row[i]
+                recv_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+        _, gpu_s, tail_s, host_s, first_s, row, grad_row, deps, special = computes[s]
+        ready = free
+        for dep in deps:
+            e = dep[i]
+            while e.__class__ is not flt:
+                if e is None:
+                    dep[i] = [me]
+                else:
+                    e.append(me)
+                yield
+                e = dep[i]
+            if e > ready:
+                ready = e
+        if special is not None:
+            if special[0] is not None:  # a stage's first gradient action: later ones add
+                for op, later in special[0]:
+                    table[op][s] = later
+            if i == special[1]:  # a stage's last gradient action: one chunk per bucket
+                t, free, busy, e = _chunks(t, busy, ready, gpu_s, tail_s, host_s, first_s, special[2],
+                                           host.chunk_ends.setdefault(s, []))
+                special = True
+            else:
+                special = None
+        if special is None:
+            if t + first_s > ready:
+                ready = t + first_s
+            e = ready + gpu_s
+            t += host_s
+            if t + tail_s > e:
+                e = t + tail_s
+            busy += e - ready
+            free = e
+        waiters = row[i]
+        row[i] = e
+        if waiters is not None:
+            extend(waiters)
+        if grad_row is not None:
+            waiters = grad_row[i]
+            grad_row[i] = e
+            if waiters is not None:
+                extend(waiters)
+        if send is not None:  # the send: as the receive, its stream's end being the compute's
+            _, first, send_row, recv_row, channel, seconds, _, _, readies = send
+            t += p2p_s
+            avail = first[i]
+            if avail is None:
+                first[i], readies[i] = t, free
+            else:
+                ready = readies[i]
+                if t > avail:
+                    avail = t
+                if free > ready:
+                    ready = free
+                if channel.free > ready:
+                    ready = channel.free
+                if avail > ready:
+                    ready = avail
+                e = ready + seconds
+                if avail > e:
+                    e = avail
+                channel.free = e
+                waiters = send_row[i]
+                send_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
+                waiters = recv_row[i]
+                recv_row[i] = e
+                if waiters is not None:
+                    extend(waiters)
     host.t, host.busy, host.free = t, busy, free
     host.track_ends.append(free)
 

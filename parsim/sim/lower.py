@@ -383,7 +383,7 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
     inputs = input_bytes or [0] * len(stash_bytes)
     redone = [recomputes(recompute, mb, m) for mb in range(m)]  # by micro-batch
     if not any(redone) and not kept_output_bytes:
-        return [_peak_kept(acts, stash_bytes) for acts in schedule.actions]
+        return _peaks_as_built(schedule, stash_bytes) or [_peak_kept(acts, stash_bytes) for acts in schedule.actions]
     last = schedule.num_stages - 1
     peaks = []
     for acts in schedule.actions:
@@ -401,6 +401,18 @@ def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str =
         kept = kept_output_bytes * sum(kind == forward and stage == last for kind, stage, _ in acts)
         peaks.append(max(peak, held + kept))  # the kept outputs merged into one more copy at the end
     return peaks
+
+
+def _peaks_as_built(schedule: Schedule, stash_bytes: list[int]) -> list[int] | None:
+    """_peak_kept of every rank where its builder noted its peak (parsim.schedules.valid_as_built): that many of its
+    one stage's stashes (exact: whole bytes); else None."""
+    peaks = schedule.__dict__.get("peaks_as_built")
+    if peaks is None or not all(b.__class__ is int and b >= 0 for b in stash_bytes):
+        return None
+    held = [0] * schedule.num_ranks
+    for stage, rank in enumerate(schedule.stage_to_rank):
+        held[rank] = stash_bytes[stage] * peaks[rank]
+    return held
 
 
 def _peak_kept(acts: tuple[Action, ...], stash_bytes: list[int]) -> int:
