@@ -170,7 +170,11 @@ def main(args: argparse.Namespace) -> int:
     for k, n in enumerate(sizes):
         x, y = timed_batch(layers.source, per_layer[0][0], per_layer[-1][1], n, torch.Generator().manual_seed(k + 1),
                            device, dtype)
-        times = time_layers(modules, x, y, loss_of(layers.source), device, args.repeat)
+        try:
+            times = time_layers(modules, x, y, loss_of(layers.source), device, args.repeat)
+        except torch.cuda.OutOfMemoryError:
+            raise ParsimError(f"{n} samples per micro-batch do not fit on this GPU with the whole model; time smaller "
+                              "--microbatch-sizes (parsim extrapolates the fit beyond them)") from None
         i = 0
         for group in groups:
             group.rows.append(times[i:i + group.count])
