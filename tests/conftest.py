@@ -64,9 +64,11 @@ def transformer_profile(rates: dict[str, float] | None = None, fixed_s: float = 
     return Profile(profile.gpus_per_node, profile.links, profile.host, {**profile.layers, **costs}, meta=profile.meta)
 
 
-def one_device_step(model: object) -> tuple:
-    """Loss and gradients (by "layer.name") of the whole model on one CPU, on the whole batch, in fp64: what a
-    pipelined step of it must reproduce (assert_same_gradients)."""
+def one_device_step(model: object, microbatches: int = 1) -> tuple:
+    """Loss and gradients (by "layer.name") of the whole model on one CPU in fp64, micro-batch after micro-batch
+    (one: the whole batch), each micro-batch's loss weighted by its share of the rows: what a pipelined step of it
+    must reproduce (assert_same_gradients). A conv net's batch norm takes its statistics per micro-batch, in a
+    pipeline as here; an MLP's layer norm is per token, so for it any split equals the whole batch."""
     import torch
 
     from hw.nets.blocks import build_layers, loss_for
@@ -74,12 +76,15 @@ def one_device_step(model: object) -> tuple:
 
     layers = [layer.double() for layer in build_layers(model)]
     x, y = make_batch(model, torch.device("cpu"), torch.float64)
-    out = x
-    for layer in layers:
-        out = layer(out)
-    loss = loss_for(model)(out, y)
-    loss.backward()
-    return loss.detach(), {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+    loss = torch.zeros((), dtype=torch.float64)
+    for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        out = xm
+        for layer in layers:
+            out = layer(out)
+        part = loss_for(model)(out, ym) * (xm.shape[0] / x.shape[0])
+        part.backward()
+        loss += part.detach()
+    return loss, {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
 
 
 def assert_same_gradients(results: list, last: int, loss: object, grads: dict) -> None:

@@ -6,42 +6,18 @@ import time
 from dataclasses import replace
 
 import pytest
-from conftest import assert_same_gradients
+from conftest import assert_same_gradients, one_device_step
 
 torch = pytest.importorskip("torch")
 
-from hw.nets.blocks import build_layers  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
-from hw.run.stage_runner import make_batch  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, mlp_model  # noqa: E402
 
 MODEL = mlp_model(layers=4, hidden=16, tokens=24)
 CONV = conv_model(images=12, widths=(4, 8), blocks=(2, 2), side=8)  # conv 4@8x8 x2, down 8@4x4, conv 8@4x4
-
-
-def _reference(model, microbatches: int = 1):
-    """Loss and gradients of the whole model on one device, micro-batch after micro-batch (one: the whole batch).
-
-    A conv net's batch norm takes its statistics per micro-batch, in a pipeline as here; an MLP's layer
-    norm is per token, so for it any split equals the whole batch.
-    """
-    layers = build_layers(model)
-    for layer in layers:
-        layer.double()
-    x, y = make_batch(model, torch.device("cpu"), torch.float64)
-    loss = torch.zeros((), dtype=torch.float64)
-    for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
-        out = xm
-        for layer in layers:
-            out = layer(out)
-        part = torch.nn.functional.mse_loss(out, ym) * (xm.shape[0] / x.shape[0])
-        part.backward()
-        loss += part.detach()
-    grads = {f"{i}.{n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
-    return loss, grads
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,virtual", [
@@ -53,7 +29,7 @@ def _reference(model, microbatches: int = 1):
 def test_pipelined_step_matches_single_device_loss_and_gradients(name, ranks, microbatches, virtual):
     schedule = build(name, ranks, microbatches, virtual)
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64), timeout_s=30, deadline_s=120)
-    assert_same_gradients(results, schedule.stage_to_rank[-1], *_reference(MODEL))
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,recompute", [
@@ -64,7 +40,7 @@ def test_recomputing_stages_get_the_single_devices_loss_and_gradients(name, rank
     schedule = build(name, ranks, microbatches)
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64, None, 1, "hw", recompute),
                     timeout_s=30, deadline_s=120)
-    assert_same_gradients(results, schedule.stage_to_rank[-1], *_reference(MODEL))
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
 
 
 def test_what_hws_runner_cannot_recompute_is_refused_in_one_line():
@@ -87,7 +63,7 @@ def test_conv_pipeline_matches_single_device_on_the_same_microbatches(name, micr
     model = replace(CONV, balance=balance)
     schedule = build(name, 2, microbatches)
     results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64), timeout_s=30, deadline_s=120)
-    loss, grads = _reference(model, microbatches)
+    loss, grads = one_device_step(model, microbatches)
     assert_same_gradients(results, 1, loss, grads)
     assert set(results[0].grads) == {k for k in grads if int(k.split(".")[0]) < (balance or (2,))[0]}
 
@@ -97,7 +73,7 @@ def test_data_parallel_replicas_average_to_the_single_device_gradients(name, ran
     schedule = build(name, ranks, 2)
     results = spawn(gradient_step_worker, ranks * replicas, (schedule, MODEL, torch.float64, None, replicas),
                     timeout_s=30, deadline_s=120)
-    loss, grads = _reference(MODEL)
+    loss, grads = one_device_step(MODEL)
     last = [r for r in results if r.loss is not None]  # each replica's last stage: the loss of its share
     assert len(last) == replicas
     assert torch.allclose(sum(r.loss for r in last) / replicas, loss, rtol=1e-12, atol=0)

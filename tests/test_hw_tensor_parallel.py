@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import assert_same_gradients  # noqa: E402
-from test_hw_executor import MODEL, _reference  # noqa: E402
+from conftest import assert_same_gradients, one_device_step  # noqa: E402
+from test_hw_executor import MODEL  # noqa: E402
 
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import check_runs, gradient_step_worker  # noqa: E402
@@ -27,7 +27,7 @@ def test_tensor_parallel_stages_get_the_single_devices_loss_and_gradients(runtim
     results = spawn(gradient_step_worker, ranks * t, (schedule, MODEL, torch.float64, None, 1, runtime, "never", t),
                     timeout_s=30, deadline_s=120)
     last = schedule.stage_to_rank[-1] * t
-    loss, grads = _reference(MODEL)
+    loss, grads = one_device_step(MODEL)
     assert_same_gradients(results, last, loss, grads)
     for r in results:  # every TP rank of a stage, not only the last one merged: the whole gradients
         assert r.grads and all(torch.allclose(g, grads[k], rtol=1e-10, atol=1e-14) for k, g in r.grads.items())

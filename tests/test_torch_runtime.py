@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_device_step
 
 torch = pytest.importorskip("torch")
 
-from test_hw_executor import _reference  # noqa: E402
 
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import (  # noqa: E402
@@ -54,7 +54,7 @@ def _torch_worker(rank: int, world: int, device, configs: list[tuple[str, int]],
 
 def test_torchs_runtime_matches_single_device_loss_and_gradients_for_every_class(torch_runs):
     ranks, results = torch_runs
-    loss, grads = _reference(MODEL)
+    loss, grads = one_device_step(MODEL)
     for k, (name, m) in enumerate(_configs(ranks)):
         last = TORCH.build(name, ranks, m).stage_to_rank[-1]
         assert torch.allclose(results[last][k]["step"].loss, loss, rtol=1e-12, atol=0), name
