@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     source = {f.name: getattr(layers.source, f.name) for f in fields(Source) if f.name not in ("file", "timed_on")}
     source["dtype"] = str(dtype).removeprefix("torch.")
     elapsed = time.perf_counter() - start
-    doc = {"profiled": _provenance(args, device, elapsed), "source": source, "samples": args.batch,
+    doc = {"profiled": _provenance(args, sizes, device, elapsed), "source": source, "samples": args.batch,
            "layers": [group_entry(g, sizes, torch.finfo(dtype).bits // 8) for g in groups]}
     write_atomic(out, json_text(doc, indent=1) + "\n", "--out")
     print(f"wrote {out}: {len(modules)} layers in {len(groups)} kinds, timed at {len(sizes)} micro-batch sizes in "
@@ -191,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _provenance(args: argparse.Namespace, device: torch.device, elapsed: float) -> dict:
+def _provenance(args: argparse.Namespace, sizes: list[int], device: torch.device, elapsed: float) -> dict:
     """Where and how the file was made."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
     hf = getattr(sys.modules.get("transformers"), "__version__", None)
@@ -199,4 +199,4 @@ def _provenance(args: argparse.Namespace, device: torch.device, elapsed: float) 
                                                             else sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": gpu, "torch": torch.__version__, "transformers": hf, "python": platform.python_version(),
-            "microbatch_sizes": _sizes(args), "repeat": args.repeat, "seconds": round(elapsed, 1)}
+            "microbatch_sizes": sizes, "repeat": args.repeat, "seconds": round(elapsed, 1)}
