@@ -237,16 +237,16 @@ def _predict(p: Point, profile: Profile) -> Prediction:
 
 def repredict(points: list[Point], profile: Profile, runtime: str | None = None) -> list[Point]:
     """The same measured points with parsim's predictions redone from `profile` (e.g. a newer calibration), each
-    as run by `runtime` where given, else by its own; the peak memory predicted where the CSV has none (what
-    `hw validate` predicts: weights, the step's gradients, activations and working memory)."""
+    as run by `runtime` where given, else by its own, and its peak memory by this parsim's model (what `hw validate`
+    predicts: weights, the step's gradients, activations and working memory)."""
     out = []
     for i, p in enumerate(points, start=1):
         if runtime is not None:
             p = replace(p, runtime=runtime)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
-        peak = p.predicted_peak_bytes or peak_bytes(prepared.run_model, prepared.schedule, p.data_parallel, "none",
-                                                    p.recompute, prepared.runtime.keeps_outputs)
+        peak = peak_bytes(prepared.run_model, prepared.schedule, p.data_parallel, "none", p.recompute,
+                          prepared.runtime.keeps_outputs)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out

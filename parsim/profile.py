@@ -115,6 +115,11 @@ class HostCosts:
     # forward's launches alone (uncalibrated)
     recompute_s: float = 0.0
     recompute_call_s: float = 0.0
+    # per weight matrix split by tensor parallelism, what torch's DTensor costs the host beyond the unsplit layer's
+    # launches (its dispatch, sharding propagation and redistribution) in the forward and in the backward; both 0:
+    # uncalibrated (`hw calibrate --tp-collectives` times them: hw.calibrate.tp_host)
+    tp_forward_s: float = 0.0
+    tp_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,8 @@ class Profile:
                        begin_s=self.host.begin_s * factor, grad_add_s=self.host.grad_add_s * factor,
                        after_backward_s=self.host.after_backward_s * factor, batch_s=self.host.batch_s * factor,
                        recompute_s=self.host.recompute_s * factor,
-                       recompute_call_s=self.host.recompute_call_s * factor)
+                       recompute_call_s=self.host.recompute_call_s * factor,
+                       tp_forward_s=self.host.tp_forward_s * factor, tp_backward_s=self.host.tp_backward_s * factor)
         layers = {k: c.host_slower(factor) for k, c in self.layers.items()}
         runtimes = {k: replace(r, action_s=r.action_s * factor, p2p_s=r.p2p_s * factor, step_s=r.step_s * factor,
                                begin_s=r.begin_s * factor, after_backward_s=r.after_backward_s * factor,
@@ -341,7 +347,8 @@ class Profile:
             for key in ("begin_s", "after_backward_s", "batch_s"):  # the last two measured since 2026-11-28
                 if not costs[key]:
                     del costs[key]
-        for key in ("grad_add_s", "rank_spread", "recompute_s", "recompute_call_s"):  # absent in older profiles
+        for key in ("grad_add_s", "rank_spread", "recompute_s", "recompute_call_s", "tp_forward_s", "tp_backward_s"):
+            # absent in older profiles
             if not doc["host"][key]:
                 del doc["host"][key]
         for spec in doc["collectives"].values():  # measured since 2026-11-27: absent where it was not
@@ -355,7 +362,8 @@ class Profile:
 SECONDS = (0.0, 86_400.0)  # any one cost: up to a day
 RATES = (1e-3, 1e40)  # FLOPs, bytes or elements per second (0 where the profile allows "not modelled")
 HOST_OPTIONAL_ZERO = ("step_s", "split_backward_s", "begin_s", "grad_add_s", "after_backward_s", "batch_s",
-                      "rank_spread", "recompute_s", "recompute_call_s")  # host costs a profile may give as 0
+                      "rank_spread", "recompute_s", "recompute_call_s", "tp_forward_s",
+                      "tp_backward_s")  # host costs a profile may give as 0
 SCALES = (0.0, 1e6)  # factors against hw's runner's costs (0 where allowed)
 CORE_SPEEDS = (1e-6, 1e6)  # a core's speed with n busy against one alone: a rate, so bounded below
 MAX_COUNT = 10**6  # GPUs per node, threads, cores

@@ -12,7 +12,7 @@ from parsim.cli import main
 from parsim.configuration import Configuration, predict, prepare
 from parsim.errors import ParsimError
 from parsim.plan import evaluate, rank_key, search, shapes
-from parsim.profile import CollectiveSpec
+from parsim.profile import CollectiveSpec, LayerCosts, OpCost
 from parsim.runtimes import RUNTIMES
 from parsim.workload import OPS, layer_works, mlp_model, model_from_spec, peak_bytes
 from parsim.workload.tensor_parallel import NONE, Split, TensorParallel, collective_s, split_model
@@ -214,3 +214,46 @@ def test_pruned_search_with_tensor_parallelism_finds_the_exhaustive_top_k(sequen
 def test_a_profile_without_collective_costs_refuses_tensor_parallelism():
     with pytest.raises(ParsimError, match="no collectives.allreduce cost, which tensor parallelism needs"):
         predict(Configuration(mlp_model(2, 128, 256), "gpipe", 2, 1, tensor_parallel=2), make_profile())
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_dtensor_host_cost_is_paid_per_split_matrix(t):
+    """Each split layer's forward pays tp_forward_s and its backward tp_backward_s per split matrix (2 in an MLP
+    block, 7 in a Llama block, 1 in an embedding or a head); the unsplit layer pays none of it."""
+    f, b = 3e-4, 5e-4
+    profile = tp_profile(transformer=True)
+    costed = dataclasses.replace(profile, host=dataclasses.replace(profile.host, tp_forward_s=f, tp_backward_s=b))
+    matrices = {"mlp": 2, "llama": 7, "embed": 1, "head": 1}
+    for layer in (*model_from_spec(LLAMA).layers, *mlp_model(1, 256, 64).layers):
+        split = Split(layer, TensorParallel(t))
+        assert split.matrices == matrices[layer.kind]
+        free, paid = layer_works(profile, split, 3), layer_works(costed, split, 3)
+        extra = [p.host_s - q.host_s for p, q in zip(paid, free)]
+        assert extra == pytest.approx([matrices[layer.kind] * f, matrices[layer.kind] * b, 0.0], rel=1e-12)
+        assert layer_works(costed, layer, 3) == layer_works(profile, layer, 3)
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_a_host_bound_tp_step_is_its_dtensor_dispatch(m):
+    """GPU and collectives free, only DTensor's host cost: a one-rank GPipe step of an MLP stack is m x layers x 2
+    matrices x (forward + backward cost)."""
+    f, b, layers = 3e-4, 5e-4, 3
+    base = tp_profile()
+    fast = OpCost(0.0, 0.0, 1e30)
+    free = dataclasses.replace(base, host=dataclasses.replace(base.host, tp_forward_s=f, tp_backward_s=b),
+                               collectives={"allreduce": CollectiveSpec(0.0, 1e30)},
+                               layers={"mlp": LayerCosts(fast, fast, fast)})
+    prediction, _ = predict(Configuration(mlp_model(layers, 256, 64 * m), "gpipe", 2, m, tensor_parallel=2), free)
+    assert prediction.step_time_s == pytest.approx(m * layers * 2 * (f + b), rel=1e-9)
+
+
+def test_the_parallel_loss_holds_one_fp32_copy_of_the_split_logits_more():
+    """torch's loss_parallel runs the log-softmax and its backward as separate kernels: forward and backward each
+    hold one fp32 copy of the local logits (seq x V/t per sample) more than the whole head's t-th."""
+    head = model_from_spec(LLAMA).layers[-1]
+    s = head.shape
+    for t in (2, 4):
+        split = Split(head, TensorParallel(t))
+        extra = s.seq * s.vocab * s.acc_bytes // t
+        assert split.forward_workspace_bytes_per_token == head.forward_workspace_bytes_per_token // t + extra
+        assert split.backward_workspace_bytes_per_token == head.backward_workspace_bytes_per_token // t + extra

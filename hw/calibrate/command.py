@@ -11,7 +11,8 @@ What it measures, each alone and with the GPU's own clock where the GPU is what 
   3. host<->device copies, pinned and pageable, both directions (latency + bytes / bandwidth);
   4. the scenarios' costs: one op's launch, a sync, elementwise and matmul kernels;
   5. with >= 2 GPUs: NCCL send/recv between GPU 0 and 1 and an all-reduce over all GPUs, and the collectives
-     tensor parallelism issues at its sizes (hw.calibrate.tp_collectives); how far the slowest
+     tensor parallelism issues at its sizes (hw.calibrate.tp_collectives) and DTensor's host cost per split
+     matrix (hw.calibrate.tp_host); how far the slowest
      of the ranks' host loops sets a tiny pipeline's step over the mean (hw.calibrate.rank_spread);
   6. with --runtimes graphs: the CUDA-graphed runtimes' host and GPU costs (hw.calibrate.graphs_runtime).
 What it cannot measure here (fewer GPUs, no second node) is copied from --base and marked so.
@@ -50,6 +51,8 @@ from hw.calibrate.links import copy_links, gpu_links
 from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
 from hw.calibrate.self_check import BOUND, self_check, verdict
 from hw.calibrate.tp_collectives import tp_collectives
+from hw.calibrate.tp_host import TpHost, fit_tp_host, tp_host
+from hw.calibrate.tp_host import describe as describe_tp_host
 from hw.run.ranks import require_gpus
 from parsim import flags
 from parsim.errors import ParsimError
@@ -161,7 +164,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-collectives", action="store_true",
                    help="only the collectives tensor parallelism issues (all-reduce, reduce-scatter, all-gather of "
                         "256-8192 tokens x hidden 2048-8192 in bf16) over --gpus GPUs (default all visible; at least "
-                        "2), fitted as collectives.tp_allreduce etc. and added to --base (~30 s)")
+                        "2), fitted as collectives.tp_allreduce etc., and DTensor's host cost per split matrix "
+                        "(host.tp_forward_s, tp_backward_s), added to --base (~40 s)")
     p.add_argument("--runtimes", default="", metavar="NAME,...",
                    help="also the costs of these pipeline runtimes besides hw's runner (profile.runtimes): "
                         f"{', '.join(f'{n}: {what}' for n, what in RUNTIME_PROBES.items())}")
@@ -231,6 +235,8 @@ def main(args: argparse.Namespace) -> int:
     if profile.host.recompute_s or profile.host.recompute_call_s:
         print(f"a recomputed micro-batch (torch.utils.checkpoint): {profile.host.recompute_call_s * 1e6:.1f} us + "
               f"{profile.host.recompute_s * 1e6:.1f} us a layer of host time")
+    if "tp_host" in samples:
+        print(describe_tp_host(fit_tp_host(samples["tp_host"])))
     if "rank_spread" in samples:
         print(f"the slowest of {meta['rank_spread']['ranks']} ranks' host loops: "
               f"+{samples['rank_spread']['excess']:.1%} over the mean (tiny pipelines), a loop's spread "
@@ -380,6 +386,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     count = gpus or (0 if cpu else torch.cuda.device_count())
     p2p_s = base.host.p2p_s
     rank_spread = 0.0
+    dtensor = TpHost(0.0, 0.0, {})  # uncalibrated on one GPU
     if count >= 2:
         sizes = [1 << k for k in range(12, 29 if not cpu else 21, 2)]
         nvlink, allreduce, gpu_fits, raw = gpu_links(count, "cpu" if cpu else "cuda", sizes)
@@ -388,6 +395,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         fits |= {f"link {k}": f for k, f in gpu_fits.items()}
         samples["gpu_links"] = dataclasses.asdict(raw)
         tp_specs, tp_fits, samples["tp_collectives"] = tp_collectives(count, cpu)
+        dtensor, samples["tp_host"] = tp_host(count, cpu)
         collectives |= tp_specs
         fits |= {f"link {k}": f for k, f in tp_fits.items()}
         rank_spread, samples["rank_spread"] = measure_rank_spread(count, "cpu" if cpu else "cuda",
@@ -402,6 +410,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
     profile = Profile(node, links, HostCosts(level.action_s, p2p_s, step_s=level.step_s,
                                              split_backward_s=host.get("split_backward_s", 0.0), grad_add_s=grad_add_s,
                                              after_backward_s=level.after_backward_s, rank_spread=rank_spread,
+                                             tp_forward_s=dtensor.forward_s, tp_backward_s=dtensor.backward_s,
                                              **level.recompute_costs()),
                       layers, collectives=collectives, resident_comm=resident)
     if "graphs" in runtimes:

@@ -4,7 +4,7 @@ latency_s + passes x (t-1)/t x bytes / busbw_Bps (parsim.workload.tensor_paralle
 collectives.tp_allreduce, tp_reduce_scatter and tp_all_gather.
 
 `hw calibrate` on several GPUs times them beside the data-parallel all-reduce; `hw calibrate --tp-collectives` times
-only them, added to --base (a bounded run: ~30 s on two GPUs).
+only them and DTensor's host cost (hw.calibrate.tp_host), added to --base (a bounded run: ~30 s on two GPUs).
 """
 
 from __future__ import annotations
@@ -94,18 +94,25 @@ def tp_collectives(world: int, cpu: bool) -> tuple[dict[str, CollectiveSpec], di
 
 
 def calibrate_tp_collectives(base: Profile, out: Path, world: int, cpu: bool) -> int:
-    """`hw calibrate --tp-collectives`: only TP's collectives, written into a copy of `base` at `out`."""
+    """`hw calibrate --tp-collectives`: TP's collectives and DTensor's host cost (hw.calibrate.tp_host), written
+    into a copy of `base` at `out`."""
+    from hw.calibrate.tp_host import describe, tp_host
+
     specs, fits, rows = tp_collectives(world, cpu)
+    host, host_rows = tp_host(world, cpu)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = {**base.meta, "tp_collectives": {
         "command": "python -m hw " + " ".join(sys.argv[1:]), "date": now, "torch": torch.__version__,
         "python": platform.python_version(), "gpus": world,
         "device": "cpu" if cpu else torch.cuda.get_device_name(0),
-        "fits": {k: dataclasses.asdict(f) for k, f in fits.items()}}}
-    profile = dataclasses.replace(base, collectives={**base.collectives, **specs}, meta=meta)
-    save_profile(profile, out, {"meta": meta["tp_collectives"], "tp_collectives": rows})
+        "fits": {k: dataclasses.asdict(f) for k, f in fits.items()}, "tp_host": dataclasses.asdict(host)}}
+    profile = dataclasses.replace(base, collectives={**base.collectives, **specs}, meta=meta,
+                                  host=dataclasses.replace(base.host, tp_forward_s=host.forward_s,
+                                                           tp_backward_s=host.backward_s))
+    save_profile(profile, out, {"meta": meta["tp_collectives"], "tp_collectives": rows, "tp_host": host_rows})
     for name, spec in specs.items():
         print(f"{name:<18} latency {spec.latency_s * 1e6:8.2f} us, bus bandwidth {spec.busbw_Bps / 1e9:8.2f} GB/s "
               f"(R^2 {fits[name].r2:.4f}, worst {fits[name].max_rel_residual:.1%}) over {world} GPUs")
+    print(describe(host))
     print(f"wrote {out} and {samples_path(out)}")
     return 0

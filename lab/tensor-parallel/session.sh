@@ -9,6 +9,7 @@
 # usage: lab/tensor-parallel/session.sh OUT [RUN]   (from the checkout's root, PYTHONPATH set; the caller sets
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1)
 #   CPU=1: the same commands on the CPU (gloo) at a tiny size: a check of the script, not a measurement
+#   PP2=0: without the 2-stage pipeline's grid
 set -u
 out=${1:?usage: session.sh OUT [RUN]}
 work=data/tensor-parallel/${2:-nvidia-h200-x2-$(date -u +%F)}
@@ -33,7 +34,7 @@ part validate-tp2 $(((end - SECONDS) / 2)) python3 -m hw validate --gpus 2 --ten
 [ $((end - SECONDS)) -gt 60 ] && part validate-llama-tp2 $(((end - SECONDS) * 2 / 3)) python3 -m hw validate \
   --gpus 2 --tensor-parallel 2 --runtimes hw --schedules gpipe --microbatches "$lmbs" --models "$llama" \
   --steps "$steps" --warmup "$warmup" --profile "$profile" --out "$work/validate-llama-tp2" --force "${cpu[@]}"
-[ $((end - SECONDS)) -gt 45 ] && part validate-pp2 $((end - SECONDS)) python3 -m hw validate --gpus 2 \
+[ "${PP2:-1}" = 1 ] && [ $((end - SECONDS)) -gt 45 ] && part validate-pp2 $((end - SECONDS)) python3 -m hw validate --gpus 2 \
   --tensor-parallel 1 --runtimes hw,torch --schedules gpipe --microbatches "$mbs" --models "$models" \
   --steps "$steps" --warmup "$warmup" --profile "$profile" --out "$work/validate-pp2" --force "${cpu[@]}"
 ls -la "$out"

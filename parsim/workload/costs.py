@@ -157,7 +157,8 @@ def poor_fits(model: Model, profile: Profile) -> list[str]:
 def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     """One layer's forward, input-grad and weight-grad for a micro-batch of `samples`: each part's GPU time at
     its work (an op with no work runs nothing) and its host's time to launch it; a tensor-parallel layer's
-    collectives (parsim.workload.tensor_parallel) on the compute stream, each launched as a message is posted."""
+    collectives (parsim.workload.tensor_parallel) on the compute stream, each launched as a message is posted, and
+    its DTensors' dispatch on the host."""
     gpu, host = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     for part in layer.parts:
         costs = part_costs(profile, part)
@@ -170,6 +171,9 @@ def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     for c in getattr(layer, "collectives", ()):
         gpu[c.op] += collective_s(profile, c.kind, c.bytes_per_token * samples, layer.tp.degree)
         host[c.op] += profile.host.p2p_s
+    matrices = getattr(layer, "matrices", 0)  # a split layer's DTensors (parsim.workload.tensor_parallel.Split)
+    host[0] += matrices * profile.host.tp_forward_s
+    host[1] += matrices * profile.host.tp_backward_s
     return [Work(g, h, 1) for g, h in zip(gpu, host)]
 
 

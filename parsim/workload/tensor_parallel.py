@@ -214,6 +214,16 @@ class Split:
         sub_blocks = 2 if isinstance(x, Decoder) else 1
         return (f_fwd + (g_fwd,) + g_bwd + (f_bwd,)) * sub_blocks
 
+    @property
+    def matrices(self) -> int:
+        """Weight matrices split t ways, each a DTensor whose dispatch costs the host (HostCosts.tp_forward_s):
+        q, k, v, out, gate, up, down in a Llama block (q, k, v, out, fc, proj in GPT's), fc1 and fc2 in an MLP
+        block, the table of an embedding or a head."""
+        x = self.layer
+        if isinstance(x, Decoder):
+            return 7 if x.shape.variant == "llama" else 6
+        return 1 if isinstance(x, (Embedding, Head)) else 2
+
     # memory, per sample: the split parts divided by t, the replicated ones as they were (or by sequence)
     def _values(self, replicated: int, split: int, acc_replicated: int = 0, acc_split: int = 0) -> int:
         """Bytes per sample of activation-dtype values (replicated per token, and split t ways) and fp32 ones."""
@@ -252,8 +262,9 @@ class Split:
             if s.variant != "llama":
                 return norm
             return max(s.seq * (4 * s.q_width + s.kv_width) * s.dtype_bytes // self._t, norm)
-        if isinstance(x, Head):
-            return int(x.forward_workspace_bytes_per_token) // self._t
+        if isinstance(x, Head):  # loss_parallel's log-softmax holds the shifted logits beside their exponentials
+            s = x.shape
+            return int(x.forward_workspace_bytes_per_token + s.seq * s.vocab * s.acc_bytes) // self._t
         return int(x.forward_workspace_bytes_per_token)
 
     @property
@@ -263,8 +274,9 @@ class Split:
             s = x.shape
             ffn = (2 if s.variant == "llama" else 1) * s.ffn
             return s.seq * (s.hidden + ffn // self._t) * s.dtype_bytes
-        if isinstance(x, Head):
-            return int(x.backward_workspace_bytes_per_token) // self._t
+        if isinstance(x, Head):  # loss_parallel's backward holds the zeros it scatters into, the log-softmax's
+            s = x.shape  # exponentials and their sum: one fp32 copy more than the fused kernel
+            return int(x.backward_workspace_bytes_per_token + s.seq * s.vocab * s.acc_bytes) // self._t
         return int(x.backward_workspace_bytes_per_token)
 
     @property
