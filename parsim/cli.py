@@ -110,11 +110,13 @@ def add_tensor_parallel_args(p: argparse.ArgumentParser, many: bool = False) -> 
 
 
 def add_recompute_arg(p: argparse.ArgumentParser) -> None:
-    """--recompute: which micro-batches keep only their stage input and run the forward again in the backward."""
+    """--recompute: which micro-batches keep only their stage input and run the forward again in the backward, or
+    (selective) which attention cores do."""
     p.add_argument("--recompute", choices=MODES, default="never",
                    help="recompute each micro-batch's forward in its backward, keeping only its stage input: "
-                        "always, except-last (all but the last micro-batch, torchgpipe's default) or never "
-                        "(default never)")
+                        "always, except-last (all but the last micro-batch, torchgpipe's default) or never; "
+                        "selective: only each transformer block's attention core, in every backward (Megatron's; "
+                        "under flash attention it frees only the core's log-sum-exp) (default never)")
 
 
 def add_runtime_arg(p: argparse.ArgumentParser, note: str = "", default: str | None = DEFAULT_RUNTIME) -> None:
@@ -219,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="processes simulating at once (default: all cores)")
     pl.add_argument("--recompute", choices=("auto", "never"), default="auto",
                     help="auto: a configuration over the memory limit is offered recomputed (except-last, else "
-                         "always) where that fits it, on hw's runner; never: every activation kept (default auto)")
+                         "always) where that fits it, on hw's runner (selective is not tried: it frees only the "
+                         "attention cores' log-sum-exp); never: every activation kept (default auto)")
     add_tensor_parallel_args(pl, many=True)
     _add_model_args(pl, balance=False, runtime=None, recompute=False)  # its own --recompute, above
 

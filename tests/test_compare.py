@@ -256,7 +256,11 @@ def test_a_recompute_column_is_read_repredicted_and_labelled(tmp_path):
     assert {p.recompute for p in points} == {"always"} and "recompute=always" in points[0].label
     profile = load_profile(None)
     redone = repredict(points, profile)[0].predicted_s
-    assert redone > repredict([replace(points[0], recompute="never")], profile)[0].predicted_s
+    kept = repredict([replace(points[0], recompute="never")], profile)[0].predicted_s
+    assert redone > kept
+    selective = read_points(_write(tmp_path / "s.csv", [dict(r, recompute="selective") for r in rows]))
+    assert "recompute=selective" in selective[0].label
+    assert repredict(selective[:1], profile)[0].predicted_s == kept  # an MLP stack has no attention core
     rows[1]["recompute"] = "sometimes"
     with pytest.raises(ParsimError, match="line 3.*sometimes"):
         read_points(_write(tmp_path / "bad.csv", rows))

@@ -50,9 +50,13 @@ def test_what_hws_runner_cannot_recompute_is_refused_in_one_line():
     with pytest.raises(ParsimError, match="splits its backward"):
         check_recompute(build("zb-h1", 2, 4), "always")
     assert check_recompute(build("zb-h1", 2, 4), "never") == "never"
+    assert check_recompute(build("zb-h1", 2, 4), "selective") == "selective"  # the core has no weights: W is as ever
     for runtime in ("torch", "graphs"):
-        with pytest.raises(ParsimError, match="hw's runner only"):
-            check_runs(runtime, recompute="always")
+        for mode in ("always", "selective"):
+            with pytest.raises(ParsimError, match="hw's runner only"):
+                check_runs(runtime, recompute=mode)
+    with pytest.raises(ParsimError, match="--tensor-parallel 1"):
+        check_runs("hw", recompute="selective", tensor_parallel=2)
 
 
 @pytest.mark.parametrize("name,microbatches,balance", [

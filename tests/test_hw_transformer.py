@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
 from hw.nets.blocks import layer_module  # noqa: E402
-from hw.nets.transformer import RMSNormFunction, lm_loss  # noqa: E402
+from hw.nets.transformer import RMSNormFunction, checkpoint_cores, lm_loss  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -78,10 +78,12 @@ def test_flops_match_torchs_count_with_attention_at_the_causal_pairs(layer):
     assert bwd.get_total_flops() == pytest.approx(SAMPLES * sum(p[1] + p[2] for p in parts), rel=1e-12)
 
 
-def _saved_bytes(layer, dtype: torch.dtype, samples: int) -> int:
+def _saved_bytes(layer, dtype: torch.dtype, samples: int, selective: bool = False) -> int:
     """Bytes of every distinct storage autograd saves in a forward of `samples` sequences, but the weights and
-    the rotary tables."""
+    the rotary tables; `selective`: with the block's attention core checkpointed."""
     module, x, forward = _run(layer, dtype, samples)
+    if selective:
+        assert checkpoint_cores(module) == 1
     own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
     saved: dict[int, int] = {}
 
@@ -109,6 +111,38 @@ def test_stash_is_the_memory_autograd_keeps(layer, dtype):
     assert per_sample == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bf16", "fp64"])
+@pytest.mark.parametrize("layer", LAYERS[:2], ids=_ids)
+def test_selective_frees_what_autograd_keeps_for_the_core_alone(layer, dtype):
+    """With the attention core checkpointed, its inputs q, k, v are still kept (to run it again), its output is the
+    output projection's kept input: only the log-sum-exp (one per head per token, fp32 or wider) goes."""
+    freed = [(_saved_bytes(layer, dtype, 2 * SAMPLES, s) - _saved_bytes(layer, dtype, SAMPLES, s)) / SAMPLES
+             for s in (False, True)]
+    shape = TransformerShape(**{**layer.shape.__dict__, "dtype_bytes": torch.finfo(dtype).bits // 8})
+    assert freed[0] - freed[1] == Decoder(shape).core_freed_bytes_per_token == shape.seq * shape.heads * \
+        shape.acc_bytes
+
+
+@pytest.mark.parametrize("layer", LAYERS[:2], ids=_ids)
+def test_a_checkpointed_core_runs_again_in_the_backward_to_the_same_gradients(layer, monkeypatch):
+    """The attention core alone runs twice (forward, then in the backward), and the gradients are as without."""
+    from hw.nets import transformer
+
+    calls = []
+    plain = transformer.attention
+    monkeypatch.setattr(transformer, "attention", lambda *a: calls.append(1) or plain(*a))
+    grads = []
+    for selective in (False, True):
+        module, x, forward = _run(layer, torch.float64)
+        if selective:
+            checkpoint_cores(module)
+        calls.clear()
+        forward().sum().backward()
+        assert len(calls) == 1 + selective
+        grads.append([x.grad, *(p.grad for p in module.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 def test_rms_norm_gradients_are_exact_and_it_matches_torchs():
     weight = torch.rand(6, dtype=torch.float64).add_(0.5).requires_grad_()
     x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
@@ -130,6 +164,19 @@ def test_pipelined_transformer_matches_single_device_loss_and_gradients(name, ra
     assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
 
 
+@pytest.mark.parametrize("model,name,microbatches,virtual", [
+    (MODEL, "gpipe", 3, None), (MODEL, "1f1b", 6, None), (MODEL, "zb-h1", 3, None), (MODEL, "zbv", 3, None),
+    (MODEL, "interleaved-1f1b", 2, 2), (transformer_model(GPT, 2, 6), "1f1b", 3, None),
+])
+def test_selective_recompute_matches_single_device_loss_and_gradients(model, name, microbatches, virtual):
+    """hw's runner with every block's attention core checkpointed, split backwards too (the core has no weights:
+    W's captured outputs are the same): one device's loss and gradients."""
+    schedule = build(name, 2, microbatches, virtual)
+    results = spawn(gradient_step_worker, 2, (schedule, model, torch.float64, None, 1, "hw", "selective"),
+                    timeout_s=30, deadline_s=120)
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(model))
+
+
 def _cpu_peak_bytes(runner, io) -> int:
     """The most bytes the CPU allocator holds during one step beyond what it held before (gradients are made in
     the step), from torch.profiler's memory events."""
@@ -148,22 +195,25 @@ def _cpu_peak_bytes(runner, io) -> int:
     return peak
 
 
-@pytest.mark.parametrize("name,microbatches,virtual,tolerance", [
-    ("gpipe", 1, None, 0.05), ("gpipe", 4, None, 0.05), ("1f1b", 4, None, 0.05), ("interleaved-1f1b", 4, 2, 0.05),
-    ("zb-h1", 4, None, 0.10),
+@pytest.mark.parametrize("name,microbatches,virtual,tolerance,recompute", [
+    ("gpipe", 1, None, 0.05, "never"), ("gpipe", 4, None, 0.05, "never"), ("1f1b", 4, None, 0.05, "never"),
+    ("interleaved-1f1b", 4, 2, 0.05, "never"), ("zb-h1", 4, None, 0.10, "never"),
+    ("gpipe", 4, None, 0.05, "selective"), ("zb-h1", 4, None, 0.10, "selective"),
 ])
-def test_predicted_peak_memory_matches_the_cpu_allocators(name, microbatches, virtual, tolerance):
+def test_predicted_peak_memory_matches_the_cpu_allocators(name, microbatches, virtual, tolerance, recompute):
     """One device's step in bf16 on the CPU: parsim's peak beyond the weights ("none": gradients made in the step)
     against the allocator's own count (on a GPU, `hw validate` compares with torch.cuda.max_memory_allocated).
     The CPU's kernels are not a GPU's: this checks what is held when, not a GPU kernel's scratch memory. A split
-    backward is predicted less closely (6% low here): what its input-grad keeps is approximate."""
+    backward is predicted less closely (6% low here): what its input-grad keeps is approximate. Selective: each
+    checkpoint also keeps the CPU's RNG state (5,056 bytes; host memory on a GPU, not counted)."""
     from hw.run.stage_runner import local_runner
     from parsim.workload import microbatch_tokens, model_from_spec, rank_peak_bytes
 
     model = model_from_spec("llama:8:64:2:128:4:2:256:512")
     schedule = build(name, 1, microbatches, virtual)
-    runner, io = local_runner(model, schedule, torch.device("cpu"), torch.bfloat16)
+    runner, io = local_runner(model, schedule, torch.device("cpu"), torch.bfloat16, recompute)
     runner.step(io)  # warm-up
     weights = sum(layer.params * 2 for layer in model.layers)
-    predicted = rank_peak_bytes(model, schedule, microbatch_tokens(model, microbatches), "none")[0] - weights
+    predicted = rank_peak_bytes(model, schedule, microbatch_tokens(model, microbatches), "none",
+                                recompute)[0] - weights
     assert predicted == pytest.approx(_cpu_peak_bytes(runner, io), rel=tolerance)

@@ -1,30 +1,44 @@
 """Recomputation (parsim.workload.recompute): the step and memory against closed forms, both engines alike, the
-calibrated host cost, the commands' flags (the engines with recomputation on random steps: tests/test_shortcuts.py)."""
+calibrated host cost, the commands' flags (the engines with recomputation on random steps: tests/test_shortcuts.py);
+selective recomputation of decoder blocks' attention cores likewise (hw runs it: tests/test_hw_transformer.py)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from clirun import one_error_line, run
-from conftest import equal_stages, make_profile
+from conftest import equal_stages, make_profile, transformer_profile
 
 from parsim.cli import main
-from parsim.schedules import build
+from parsim.configuration import Configuration, predict
+from parsim.schedules import SCHEDULES, build
 from parsim.sim.lower import peak_held_bytes
 from parsim.sim.predict import simulate
-from parsim.workload import mlp_model, rank_peak_bytes
-from parsim.workload.recompute import MODES, recomputes, recomputing_actions
+from parsim.workload import (
+    Decoder,
+    TransformerShape,
+    Work,
+    mlp_model,
+    model_from_spec,
+    rank_peak_bytes,
+    stage_costs,
+    transformer_model,
+)
+from parsim.workload.recompute import MODES, core_recomputing_actions, recomputes, recomputing_actions
+from parsim.workload.tensor_parallel import Split, TensorParallel
 
 T_F, T_B = 0.003, 0.0045
 
 
 @pytest.mark.parametrize("mode,m", [(mode, m) for mode in MODES for m in (1, 2, 5, 8)])
 def test_one_gpu_step_grows_by_one_forward_per_recomputed_microbatch(mode, m, free_profile):
-    """GPU-bound on one GPU: m (t_f + t_b), plus t_f for each recomputed micro-batch (all, all but the last, none)."""
+    """GPU-bound on one GPU: m (t_f + t_b), plus t_f for each recomputed micro-batch (all, all but the last, none;
+    selective recomputes no whole forward, and these stages have no attention core)."""
     sim = simulate(build("gpipe", 1, m), equal_stages(1, T_F, T_B), free_profile, recompute=mode)
-    redone = {"never": 0, "except-last": m - 1, "always": m}[mode]
+    redone = {"never": 0, "except-last": m - 1, "always": m, "selective": 0}[mode]
     assert sim.step_time_s == pytest.approx(m * (T_F + T_B) + redone * T_F, rel=1e-12)
 
 
@@ -37,13 +51,14 @@ def test_recomputing_every_microbatch_is_a_backward_one_forward_longer(name, p, 
 
 
 @pytest.mark.parametrize("name,p,m", [("gpipe", 2, 4), ("1f1b", 4, 8), ("zb-h1", 2, 4), ("interleaved-1f1b", 2, 4)])
-@pytest.mark.parametrize("mode", ["except-last", "always"])
+@pytest.mark.parametrize("mode", ["except-last", "always", "selective"])
 def test_both_engines_agree_to_the_bit_with_recomputation(name, p, m, mode):
     profile = replace(make_profile(latency_s=20e-6, bandwidth_Bps=1e11, action_s=30e-6, p2p_s=10e-6),
                       host=replace(make_profile().host, action_s=30e-6, p2p_s=10e-6, recompute_s=40e-6,
                                    recompute_call_s=300e-6))
     schedule = build(name, p, m)
-    costs = [replace(c, layers=3) for c in equal_stages(schedule.num_stages, T_F, T_B, host_s=1e-3)]
+    costs = [replace(c, layers=3, core_forward=Work(T_F / 4, 2e-4, 2))
+             for c in equal_stages(schedule.num_stages, T_F, T_B, host_s=1e-3)]
     walked = simulate(schedule, costs, profile, recompute=mode, engine="longest-path")
     machine = simulate(schedule, costs, profile, recompute=mode, engine="events")
     assert walked.step_time_s == machine.step_time_s
@@ -111,3 +126,141 @@ def test_predict_says_what_it_recomputes_and_keeps_its_default_output(capsys):
 
 def test_an_unknown_recompute_mode_is_one_line_and_exit_2(capsys):
     one_error_line(*run(main, ["predict", "--recompute", "sometimes"], capsys), "sometimes")
+
+
+# selective recomputation: each decoder block's attention core run again in every backward
+
+SHAPE = TransformerShape("llama", hidden=64, ffn=96, heads=4, kv_heads=2, head_dim=16, vocab=50, seq=32)
+ATTENTION_RATE, FIXED_S = 2e11, 1e-6  # the attention key's FLOPs/s and fixed cost, unlike the other keys'
+
+
+def _core_forward_s(sequences: int) -> float:
+    """One attention core's forward on `sequences` of SHAPE, priced as the attention part is: 4 h d a causal pair."""
+    pairs = SHAPE.seq * (SHAPE.seq + 1) // 2
+    return FIXED_S + 4 * SHAPE.heads * SHAPE.head_dim * pairs * sequences / ATTENTION_RATE
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_selective_adds_each_attention_cores_forward_per_microbatch_to_a_gpu_bound_step(m):
+    """One GPU, free host: m micro-batches of 2 sequences through 3 blocks are m x 3 attention forwards longer."""
+    blocks, per_microbatch = 3, 2
+    model = transformer_model(SHAPE, blocks, per_microbatch * m)
+    profile = transformer_profile({"attention": ATTENTION_RATE}, fixed_s=FIXED_S)
+    costs = stage_costs(model, 1, m, profile)
+    never = simulate(build("gpipe", 1, m), costs, profile).step_time_s
+    selective = simulate(build("gpipe", 1, m), costs, profile, recompute="selective").step_time_s
+    assert selective - never == pytest.approx(m * blocks * _core_forward_s(per_microbatch), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 5)])
+def test_selective_makes_every_backward_its_stages_cores_longer(name, p, m, free_profile):
+    """With free messages and host, GPipe and 1F1B take (m + p - 1)(t_f + t_b); selective, t_b + t_c for t_b, t_c
+    the stage's attention cores' forward."""
+    t_c = 0.0007
+    costs = [replace(c, core_forward=Work(t_c, 0.0, 2)) for c in equal_stages(p, T_F, T_B)]
+    sim = simulate(build(name, p, m), costs, free_profile, recompute="selective")
+    assert sim.step_time_s == pytest.approx((m + p - 1) * (T_F + T_B + t_c), rel=1e-12)
+
+
+@pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 40e-6)])
+def test_a_host_bound_step_grows_by_a_checkpoint_per_core(call_s, per_layer_s):
+    """GPU free, host slow: selective adds m x cores x (call_s + per_layer_s), each core its own checkpoint of one
+    op, whatever the stage's layers; or the cores' forward launches where the profile has no calibrated cost."""
+    m, cores, launch_s = 6, 3, 70e-6
+    host = replace(make_profile().host, action_s=50e-6, recompute_s=per_layer_s, recompute_call_s=call_s)
+    profile = replace(make_profile(), host=host)
+    costs = [replace(c, layers=5, core_forward=Work(0.0, launch_s, cores))
+             for c in equal_stages(1, 0.0, 0.0, host_s=2e-3)]
+    never = simulate(build("gpipe", 1, m), costs, profile).step_time_s
+    selective = simulate(build("gpipe", 1, m), costs, profile, recompute="selective").step_time_s
+    each = cores * (call_s + per_layer_s) if call_s or per_layer_s else launch_s
+    assert selective - never == pytest.approx(m * each, rel=1e-9)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_selective_frees_exactly_each_cores_log_sum_exp(m):
+    """One GPU, GPipe: at its peak every micro-batch's stash is held; selective holds each block's less its attention
+    core's fp32 log-sum-exp (a head's per token), in predict's activations and in plan's memory walk alike."""
+    blocks, per_microbatch = 3, 2
+    model = transformer_model(SHAPE, blocks, per_microbatch * m)
+    freed = m * blocks * per_microbatch * SHAPE.seq * SHAPE.heads * 4
+    profile = transformer_profile()
+    never, selective = (predict(Configuration(model, "gpipe", 1, m, recompute=mode), profile)[0]
+                        for mode in ("never", "selective"))
+    assert never.per_gpu[0].peak_activation_bytes - selective.per_gpu[0].peak_activation_bytes == freed
+    schedule = build("gpipe", 1, m)
+    walked = [rank_peak_bytes(model, schedule, per_microbatch, "adam", mode)[0] for mode in ("never", "selective")]
+    assert walked[0] - walked[1] == freed
+
+
+def test_selective_frees_little_under_flash_attention():
+    """Llama 3 8B at 4096 tokens: a block keeps 168,072 bytes a token (q, k, v and the output among them, which the
+    checkpointed core keeps or its output projection needs); selective frees the log-sum-exp, 32 heads x 4 bytes."""
+    block = next(layer for layer in model_from_spec("llama-3-8b:1:4096").layers if isinstance(layer, Decoder))
+    assert block.stash_bytes_per_token == 4096 * 168_072
+    assert block.core_freed_bytes_per_token == 4096 * 128
+    assert [p.work[0] for p in block.core_parts] == [p.work[0] for p in block.parts if p.keys[-1] == "attention"]
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_a_tensor_parallel_block_recomputes_and_frees_its_heads_share(t):
+    block = Decoder(SHAPE)
+    split = Split(block, TensorParallel(t))
+    assert split.core_freed_bytes_per_token * t == block.core_freed_bytes_per_token
+    (whole,), (part,) = block.core_parts, split.core_parts
+    assert part.keys == (f"attention@d16/tp{t}", "attention@d16", "attention")
+    assert part.work == tuple(w / t for w in whole.work)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_schedule_runs_selective_slower_in_less_memory_both_engines_alike(name):
+    """Split backwards too: the core has no weights, so its recompute is in I and W is unchanged."""
+    model, m = transformer_model(SHAPE, 6, 8), 4
+    profile = transformer_profile({"attention": ATTENTION_RATE}, fixed_s=FIXED_S)
+    never, selective = (predict(Configuration(model, name, 2, m, recompute=mode), profile)[0]
+                        for mode in ("never", "selective"))
+    assert selective.step_time_s > never.step_time_s
+    assert all(s.peak_activation_bytes < n.peak_activation_bytes for s, n in zip(selective.per_gpu, never.per_gpu))
+    schedule = build(name, 2, m)
+    costs = stage_costs(model, schedule.num_stages, m, profile)
+    walked, machine = (simulate(schedule, costs, profile, recompute="selective", engine=e)
+                       for e in ("longest-path", "events"))
+    assert walked.step_time_s == machine.step_time_s and walked.busy_s == machine.busy_s
+    assert {a.op for a in core_recomputing_actions(schedule, "selective")} <= {"B", "I"}
+
+
+def test_selective_on_an_mlp_stack_is_never(capsys):
+    """No attention core: everything kept, nothing run again; the same prediction, but for the mode it names."""
+    def predicted(*flags: str) -> dict:
+        status, out, err = run(main, ["predict", "--gpus", "2", "--schedule", "zb-h1", "--json", *flags], capsys)
+        assert status == 0, err
+        return json.loads(out)
+
+    selective = predicted("--recompute", "selective")
+    assert selective.pop("recompute") == "selective" and selective == predicted()
+    model, schedule = mlp_model(4, 256, 512), build("zb-h1", 2, 4)
+    assert rank_peak_bytes(model, schedule, 128, "adam", "selective") == rank_peak_bytes(model, schedule, 128)
+    costs = stage_costs(model, 2, 4, make_profile())
+    assert simulate(schedule, costs, make_profile(), recompute="selective").step_time_s == \
+        simulate(schedule, costs, make_profile()).step_time_s
+
+
+def test_the_commands_take_selective_and_say_it(capsys):
+    status, out, err = run(main, ["predict", "--model", "llama-3.2-1b", "--seq-len", "1024", "--global-batch", "8",
+                                  "--gpus", "2", "--recompute", "selective"], capsys)
+    assert status == 0 and "recomputing each decoder block's attention core" in out, err
+    swept = {}
+    for mode in ("never", "selective"):
+        status, out, err = run(main, ["sweep", "--model", "llama-3.2-1b", "--seq-len", "1024", "--global-batch", "8",
+                                      "--gpus", "2", "--microbatches", "2,4", "--recompute", mode, "--json"], capsys)
+        assert status == 0, err
+        swept[mode] = [row["step_time_s"] for row in json.loads(out)]
+    assert all(s > n for s, n in zip(swept["selective"], swept["never"], strict=True))
+
+
+def test_selective_on_a_profiled_model_is_one_line_and_exit_2(capsys):
+    """Its layers are timed whole: parsim cannot price their attention cores apart (nor hw run them checkpointed)."""
+    profiled = str(Path(__file__).parent.parent / "data/user-models/nvidia-h200-x2-2026-11-28/gpt-2.json")
+    one_error_line(*run(main, ["predict", "--model", profiled, "--gpus", "2", "--recompute", "selective"], capsys),
+                   "timed whole")

@@ -54,7 +54,8 @@ def steps(draw):
     times = draw(st.lists(st.floats(1e-5, 1e-2), min_size=4, max_size=12))
     costs = [StageCost(Work(times[4 * s % len(times)], times[(4 * s + 3) % len(times)] / 10, 2),
                        Work(times[(4 * s + 1) % len(times)], 1e-6, 2), Work(times[(4 * s + 2) % len(times)], 1e-6, 1),
-                       send_bytes=(s + 1) << 16, stash_bytes=1000, grad_bytes=(s + 1) * 30 << 20, layers=s % 3 + 1)
+                       send_bytes=(s + 1) << 16, stash_bytes=1000, grad_bytes=(s + 1) * 30 << 20, layers=s % 3 + 1,
+                       core_forward=Work(times[(4 * s + 1) % len(times)] / 3, 2e-6, s % 3))  # 0-2 attention cores
              for s in range(schedule.num_stages)]
     dp = draw(st.sampled_from([1, 2, 3]))
     return schedule, RUNTIMES[runtime].costs(profile), costs, dp, draw(st.booleans()) and runtime == "hw"

@@ -197,3 +197,10 @@ def test_a_profiled_model_is_timed_at_one_sequence_length(tmp_path, mlp_file, ca
     f.write_text(json.dumps(doc))
     one_error_line(*run(parsim_main, ["plan", "--model", str(f), "--gpus", "2", "--seq-len", "16"], capsys),
                    "was timed at 8 tokens per sequence")
+
+
+def test_hw_measure_refuses_selective_recompute_of_a_profiled_model_in_one_line(mlp_file, capsys):
+    """A profiled model's layers are whole modules of the user's: hw has no attention core of theirs to checkpoint,
+    nor parsim its cost apart."""
+    argv = ["measure", "--cpu", "--gpus", "2", "--model", str(mlp_file), "--recompute", "selective"]
+    one_error_line(*run(hw_main, argv, capsys), "timed whole")

@@ -49,7 +49,7 @@ from parsim.profile import Profile, load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
 from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec, peak_bytes
-from parsim.workload.recompute import MODES
+from parsim.workload.recompute import MODES, check_layers
 from parsim.workload.tensor_parallel import TensorParallel, check_tensor_parallel, collective_spec
 
 
@@ -155,7 +155,8 @@ def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, 
          copy_streams: bool = False, runtime: str = "hw", recompute: str = "never", tp: int = 1) -> Job | None:
     """A grid point run by `runtime`, or None where it cannot run: GPUs that do not split into the replicas of
     `tp`-GPU ranks, a schedule that refuses these sizes (or the runtime that, or recomputing or tensor parallelism
-    under it), a model that does not split `tp` ways, more stages than layers, or tokens that do not split evenly."""
+    under it, or selective on a profiled model), a model that does not split `tp` ways, more stages than layers, or
+    tokens that do not split evenly."""
     if gpus % (replicas * tp) or model.tokens % (microbatches * replicas):
         return None
     try:
@@ -165,6 +166,7 @@ def _job(name: str, gpus: int, microbatches: int, model: Model, config: Config, 
             check_model(model, runtime)
         schedule = get_runtime(runtime).build(name, gpus // (replicas * tp), microbatches)
         check_recompute(schedule, recompute)
+        check_layers(recompute, model.layers)
     except ParsimError:
         return None
     if schedule.num_stages > len(model.layers):

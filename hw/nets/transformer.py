@@ -10,6 +10,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 from parsim.workload import Decoder, Embedding, Head, TransformerShape
 
@@ -63,6 +64,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+class AttentionCore(nn.Module):
+    """`attention` as a module: with `recompute` set (checkpoint_cores), checkpointed alone
+    (torch.utils.checkpoint, non-reentrant), so its backward runs it again: Megatron's selective recomputation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recompute = False
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(attention, q, k, v, use_reentrant=False)
+        return attention(q, k, v)
+
+
+def checkpoint_cores(module: nn.Module) -> int:
+    """Checkpoint every attention core within `module` (parsim.workload.recompute's selective); how many there are."""
+    cores = [m for m in module.modules() if isinstance(m, AttentionCore)]
+    for core in cores:
+        core.recompute = True
+    return len(cores)
+
+
 def _rotary_tables(seq: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each position's angles, (seq, 1, head_dim / 2): one table per block, not per micro-batch."""
     inv = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -94,6 +117,7 @@ class LlamaBlock(nn.Module):
         self.gate = nn.Linear(t.hidden, t.ffn, bias=False)
         self.up = nn.Linear(t.hidden, t.ffn, bias=False)
         self.down = nn.Linear(t.ffn, t.hidden, bias=False)
+        self.core = AttentionCore()
         cos, sin = _rotary_tables(t.seq, t.head_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -105,7 +129,7 @@ class LlamaBlock(nn.Module):
         q = _rotate(self.wq(h).view(b, s, -1, t.head_dim), self.cos, self.sin).transpose(1, 2)
         k = _rotate(self.wk(h).view(b, s, -1, t.head_dim), self.cos, self.sin).transpose(1, 2)
         v = self.wv(h).view(b, s, -1, t.head_dim).transpose(1, 2)
-        x = x + self.wo(attention(q, k, v).transpose(1, 2).reshape(b, s, -1))
+        x = x + self.wo(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -121,12 +145,13 @@ class GptBlock(nn.Module):
         self.qkv = nn.Linear(t.hidden, t.q_width + 2 * t.kv_width)
         self.proj = nn.Linear(t.q_width, t.hidden)
         self.fc1, self.fc2 = nn.Linear(t.hidden, t.ffn), nn.Linear(t.ffn, t.hidden)
+        self.core = AttentionCore()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t, (b, s, _) = self.t, x.shape
         q, k, v = self.qkv(self.ln1(x)).split([t.q_width, t.kv_width, t.kv_width], dim=-1)
         q, k, v = (y.view(b, s, -1, t.head_dim).transpose(1, 2) for y in (q, k, v))
-        x = x + self.proj(attention(q, k, v).transpose(1, 2).reshape(b, s, t.q_width))
+        x = x + self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, t.q_width))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 

@@ -17,12 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hw.nets.transformer import checkpoint_cores
 from hw.usermodel.sources import timed_batch
 from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
 from parsim.workload import Model, microbatch_tokens, stage_layers
-from parsim.workload.recompute import check_mode, recomputes, splits_backward
+from parsim.workload.recompute import SELECTIVE, check_mode, recomputes, recomputes_cores, splits_backward
 from parsim.workload.timed import TimedLayer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
@@ -208,6 +209,9 @@ class StageRunner:
         self.program = self._plan(waits)
         self.kept = {deps[0] for a, deps in waits.items() if a.op == Op.BACKWARD_INPUT}  # forwards an I runs from
         self.recompute = check_recompute(schedule, recompute)
+        if recomputes_cores(recompute):  # each block checkpoints its own attention core, every micro-batch
+            for module in stages.values():
+                checkpoint_cores(module)
 
     def _plan(self, waits: dict[Action, Deps]) -> list[Planned]:
         """This rank's actions in program order, each with all it needs, so a step looks nothing up."""
@@ -341,8 +345,9 @@ class StageRunner:
 
 def check_recompute(schedule: Schedule, recompute: str) -> str:
     """The mode, or one clear error where hw's runner cannot recompute `schedule`: one that splits its backward
-    (its W needs the module outputs the forward captured, which a checkpointed forward does not keep)."""
-    if check_mode(recompute) != "never" and splits_backward(schedule):
+    (its W needs the module outputs the forward captured, which a checkpointed stage does not keep; selective
+    checkpoints only attention cores, which have no weights, so W's captures stay)."""
+    if check_mode(recompute) not in ("never", SELECTIVE) and splits_backward(schedule):
         raise ParsimError(f"hw's runner recomputes whole backwards only: {schedule.name} splits its backward, "
                           "and its W needs the outputs its forward captured")
     return recompute
@@ -390,12 +395,13 @@ def make_batch(model: Model, device: torch.device, dtype: torch.dtype, seed: int
 
 
 def local_runner(model: Model, schedule: Schedule, device: torch.device, dtype: torch.dtype,
-                 ) -> tuple[StageRunner, StepIO]:
+                 recompute: str = "never") -> tuple[StageRunner, StepIO]:
     """A one-rank schedule's runner, with every stage on this one device, and its batch: a step timed in this
     process, with no process group (calibrate's probes, the diagnostic scripts). Its modules are runner.stages."""
     from hw.nets.blocks import loss_for
 
-    runner = StageRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {}, loss_for(model))
+    runner = StageRunner(schedule, 0, stage_modules(model, schedule, 0, device, dtype), {}, loss_for(model),
+                         recompute=recompute)
     io = split_batch(*make_batch(model, device, dtype), schedule.num_microbatches,
                      stage_shapes(model, schedule.num_stages), dtype)
     return runner, io

@@ -12,7 +12,13 @@ from parsim.schedules import Op as ActionOp
 from parsim.sim.dataflow import iter_wait_keys, kept, transfers
 from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
-from parsim.workload.recompute import RECOMPUTING_OPS, recomputes, recomputing_actions
+from parsim.workload.recompute import (
+    RECOMPUTING_OPS,
+    core_recomputing_actions,
+    recomputes,
+    recomputes_cores,
+    recomputing_actions,
+)
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 BACKWARD_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT})
@@ -236,16 +242,19 @@ class Extras:
 
 def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, recompute: str = "never") -> Extras:
     """host_extras, and each recomputing backward's forward run again (parsim.workload.recompute): its stage's
-    forward on the GPU; on the host, checkpointing's calibrated cost (host.recompute_call_s + its layers x
-    host.recompute_s), else the forward's launches (not a second action's cost)."""
+    forward on the GPU (selective: its attention cores'); on the host, checkpointing's calibrated cost
+    (host.recompute_call_s + its layers x host.recompute_s; selective: that of one layer per core, each core its
+    own checkpoint), else the forward's launches (not a second action's cost)."""
     host = host_extras(schedule, profile) or {}
-    redo = recomputing_actions(schedule, recompute)
+    # (action, the work run again, checkpoints, layers in each)
+    redo = [(a, costs[a.stage].forward, 1, costs[a.stage].layers) for a in recomputing_actions(schedule, recompute)]
+    redo += [(a, c.core_forward, c.core_forward.chunks, 1) for a in core_recomputing_actions(schedule, recompute)
+             if (c := costs[a.stage]).core_forward.chunks]  # a stage without a core recomputes nothing
     call_s, per_layer = profile.host.recompute_call_s, profile.host.recompute_s
-    for a in redo:
-        cost = costs[a.stage]
-        more = call_s + cost.layers * per_layer if call_s > 0 or per_layer > 0 else cost.forward.host_s
+    for a, again, calls, layers in redo:
+        more = calls * (call_s + layers * per_layer) if call_s > 0 or per_layer > 0 else again.host_s
         host[a] = host.get(a, 0.0) + more
-    gpu = {a: costs[a.stage].forward.gpu_s for a in redo}
+    gpu = {a: again.gpu_s for a, again, _, _ in redo}
     return Extras(gpu or None, host or None)
 
 
@@ -367,6 +376,12 @@ def peak_stashed_microbatches(schedule: Schedule) -> list[int]:
             elif kind == backward or kind == weight:
                 held[stage] -= 1
     return peak
+
+
+def kept_stash_bytes(cost: StageCost, recompute: str = "never") -> int:
+    """What a stage's forward keeps for its backward: its stash, less what its attention cores alone keep where
+    selective recomputation frees it (parsim.workload.recompute)."""
+    return cost.stash_bytes - (cost.core_freed_bytes if recomputes_cores(recompute) else 0)
 
 
 def peak_held_bytes(schedule: Schedule, stash_bytes: list[int], recompute: str = "never",

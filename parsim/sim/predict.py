@@ -16,7 +16,7 @@ from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
 from parsim.sim.check import check_channel_order, check_layout, validate
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import Settled, replicas_alike, settle_step
-from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
+from parsim.sim.lower import OpTable, compute_track, finish_step, kept_stash_bytes, lower, peak_held_bytes
 from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import (
     EarlyWaits,
@@ -308,7 +308,7 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
                                    "one of its costs or rates is out of range")
         gpus = schedule.num_ranks * data_parallel
         busy = sim.busy_s
-        held = peak_held_bytes(schedule, [c.stash_bytes for c in costs], recompute,
+        held = peak_held_bytes(schedule, [kept_stash_bytes(c, recompute) for c in costs], recompute,
                                [0, *(c.send_bytes for c in costs[:-1])],
                                costs[-1].send_bytes if get_runtime(runtime).keeps_outputs else 0)
         per_gpu = []

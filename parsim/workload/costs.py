@@ -39,6 +39,10 @@ class StageCost:
     stash_bytes: int  # activations kept from forward to backward
     grad_bytes: int = 0  # the stage's weight gradients, all-reduced across data-parallel replicas
     layers: int = 0  # how many layers the stage holds
+    # selective recomputation (parsim.workload.recompute): its attention cores' forward, which each backward runs
+    # again (chunks: how many cores), and the stash bytes it frees
+    core_forward: Work = Work(0.0, 0.0, 0)
+    core_freed_bytes: int = 0
 
     @cached_property
     def backward(self) -> Work:
@@ -177,6 +181,31 @@ def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
     return [Work(g, h, 1) for g, h in zip(gpu, host)]
 
 
+def core_work(profile: Profile, layer: Any, samples: int) -> Work:
+    """The forward of a layer's attention core (its `core_parts`), which selective recomputation runs again in the
+    backward, for a micro-batch of `samples`: priced as the layer's forward prices the part; one chunk per core."""
+    gpu = host = 0.0
+    cores = 0
+    for part in layer.core_parts:
+        work = part.work[0] * samples
+        if work:
+            cost = part_costs(profile, part).forward
+            gpu, host, cores = gpu + cost.gpu_s(work), host + cost.host_s, cores + 1
+    return Work(gpu, host, cores)
+
+
+def cores_work(profile: Profile, layers: list[Any], samples: int) -> Work:
+    """core_work of a stage's layers, summed; a layer repeated (a transformer's blocks are one object) priced once."""
+    gpu = host = 0.0
+    cores = 0
+    each, last = Work(0.0, 0.0, 0), None
+    for layer in layers:
+        if layer is not last:
+            each, last = core_work(profile, layer, samples), layer
+        gpu, host, cores = gpu + each.gpu_s, host + each.host_s, cores + each.chunks
+    return Work(gpu, host, cores)
+
+
 def microbatch_tokens(model: Model, num_microbatches: int, data_parallel: int = 1) -> int:
     """Samples in one micro-batch: the batch split over replicas, then micro-batches, evenly."""
     if num_microbatches < 1 or data_parallel < 1:
@@ -244,5 +273,7 @@ def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: P
             stash_bytes=sum(layer.stash_bytes_per_token for layer in layers) * tokens,
             grad_bytes=sum(layer.params * layer.dtype_bytes for layer in layers),
             layers=len(layers),
+            core_forward=cores_work(profile, layers, tokens),
+            core_freed_bytes=sum(layer.core_freed_bytes_per_token for layer in layers) * tokens,
         ))
     return costs

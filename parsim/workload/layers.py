@@ -3,8 +3,10 @@
 Every layer kind (the MLP and conv blocks here, the transformer's in parsim.workload.transformer) answers the
 same questions: `params`, `in_shape`/`out_shape` of one sample, `out_bytes_per_token` (what it hands the next
 layer), `stash_bytes_per_token` (what autograd keeps for its backward) and `parts` (its costed parts: the
-profile keys that price each, and the work each does per sample in forward, input-grad and weight-grad).
-"Per token" means per sample: a token of an MLP stack, an image of a conv net, a sequence of a transformer.
+profile keys that price each, and the work each does per sample in forward, input-grad and weight-grad); for
+selective recomputation (parsim.workload.recompute), `core_parts` and `core_freed_bytes_per_token` (a decoder
+block's attention core; none here). "Per token" means per sample: a token of an MLP stack, an image of a conv net,
+a sequence of a transformer.
 """
 
 from __future__ import annotations
@@ -127,6 +129,15 @@ class Layer:
     backward_workspace_bytes_per_token = 0
     captured_bytes_per_token = 0
     weight_grad_held_bytes_per_token = 0
+
+    @property
+    def core_parts(self) -> tuple[Part, ...]:
+        """Selective recomputation's: no attention core, so everything kept and nothing run again."""
+        return ()
+
+    @property
+    def core_freed_bytes_per_token(self) -> int:
+        return 0
 
     @property
     def cost_key(self) -> str:

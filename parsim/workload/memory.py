@@ -6,7 +6,9 @@ runner keeps until the backward; a backward frees them layer by layer; each laye
 counts only while it runs. A split backward's input-grad frees nothing and keeps every weighted module's output
 gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient. A
 recomputed micro-batch's forward keeps only its stage's input; its backward runs the forward again, rebuilding
-what the forward would have kept, then frees it as any backward does. The batch itself is not counted.
+what the forward would have kept, then frees it as any backward does. Selective recomputation keeps every layer's
+stash but what its attention core alone keeps (its log-sum-exp): the core's rebuild in the backward comes after the
+layer's larger MLP stash is freed, so it raises no peak. The batch itself is not counted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from parsim.schedules import Action, Op, Schedule
 from parsim.workload.costs import microbatch_tokens
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
-from parsim.workload.recompute import RECOMPUTING_OPS, check_mode, recomputes
+from parsim.workload.recompute import RECOMPUTING_OPS, check_mode, recomputes, recomputes_cores
 
 # extra bytes per parameter, beyond the weight, by optimizer
 OPTIMIZERS = {
@@ -42,9 +44,11 @@ class LayerMemory:
     grads: int  # its parameters' gradients
 
 
-def layer_memory(layer: Any, samples: int) -> LayerMemory:
-    """One layer's memory (a Model's layer: a Layer, or a transformer's) for a micro-batch of `samples`."""
-    return LayerMemory(layer.stash_bytes_per_token * samples, layer.forward_workspace_bytes_per_token * samples,
+def layer_memory(layer: Any, samples: int, selective: bool = False) -> LayerMemory:
+    """One layer's memory (a Model's layer: a Layer, or a transformer's) for a micro-batch of `samples`; with
+    `selective`, its stash less what its attention core alone keeps (parsim.workload.recompute)."""
+    stash = layer.stash_bytes_per_token - (layer.core_freed_bytes_per_token if selective else 0)
+    return LayerMemory(stash * samples, layer.forward_workspace_bytes_per_token * samples,
                        layer.backward_workspace_bytes_per_token * samples,
                        layer.captured_bytes_per_token * samples,
                        layer.weight_grad_held_bytes_per_token * samples, layer.params * layer.dtype_bytes)
@@ -65,10 +69,11 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
     `keeps_outputs`, the last stage's every output kept to the step's end (a runtime's: torch's)."""
     split = {(a.stage, a.microbatch) for acts in schedule.actions for a in acts if a.op == Op.BACKWARD_INPUT}
     ids_of = stage_layers(model, schedule.num_stages)
-    stages = [[layer_memory(model.layers[i], samples) for i in ids] for ids in ids_of]
+    selective = recomputes_cores(check_mode(recompute))
+    stages = [[layer_memory(model.layers[i], samples, selective) for i in ids] for ids in ids_of]
     outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in ids_of]
     m = schedule.num_microbatches
-    redo = {(s, i) for s in range(schedule.num_stages) for i in range(m) if recomputes(check_mode(recompute), i, m)}
+    redo = {(s, i) for s in range(schedule.num_stages) for i in range(m) if recomputes(recompute, i, m)}
     last = schedule.num_stages - 1
     peaks = []
     for rank, acts in enumerate(schedule.actions):

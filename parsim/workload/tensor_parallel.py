@@ -157,8 +157,16 @@ class Split:
         """Each part's work divided by t, priced by the split shape's costs where calibrated ("mlp@2048/tp2"),
         else the whole shape's at the split work (the same FLOPs per token as the whole shape's at a t-th of the
         tokens), else the kind's."""
-        return tuple(Part((f"{p.keys[0]}/tp{self._t}", *p.keys), tuple(w / self._t for w in p.work), p.hint)
-                     for p in self.layer.parts)
+        return tuple(self._split_part(p) for p in self.layer.parts)
+
+    @property
+    def core_parts(self) -> tuple[Part, ...]:
+        """The attention core's part (selective recomputation), split as `parts` splits it: its heads over t."""
+        return tuple(self._split_part(p) for p in self.layer.core_parts)
+
+    def _split_part(self, p: Part) -> Part:
+        forward, backward_input, backward_weight = (w / self._t for w in p.work)
+        return Part((f"{p.keys[0]}/tp{self._t}", *p.keys), (forward, backward_input, backward_weight), p.hint)
 
     @property
     def params(self) -> int:
@@ -252,6 +260,11 @@ class Split:
         norm = 2 if s.positions else 1
         return int((s.seq * (s.hidden * s.dtype_bytes + INDEX_BYTES) + self._values(s.hidden, 0, norm, 0))
                 + s.seq * s.vocab * s.acc_bytes // self._t)
+
+    @property
+    def core_freed_bytes_per_token(self) -> int:
+        """What selective recomputation frees: the core's log-sum-exp, its heads split t ways."""
+        return int(self.layer.core_freed_bytes_per_token) // self._t
 
     @property
     def forward_workspace_bytes_per_token(self) -> int:

@@ -66,6 +66,11 @@ class TimedLayer:
     kind = "timed"
     captured_bytes_per_token = 0  # a split backward's extra memory: not measured
     weight_grad_held_bytes_per_token = 0
+    core_freed_bytes_per_token = 0  # timed whole: no attention core apart (recompute.check_layers refuses selective)
+
+    @property
+    def core_parts(self) -> tuple[Part, ...]:
+        return ()
 
     @property
     def sample(self) -> str:

@@ -8,6 +8,8 @@ below the diagonal are computed; the backward recomputes the scores (2.5x the fo
 input-grad: the core has no weights); it keeps its inputs, output and per-row log-sum-exp, linear in s.
 A decoder block is priced in two parts: its matmuls (profile key "llama@HxI") and its attention core
 ("attention@dD", D the head dim). Every formula is checked against the modules hw runs (tests/test_hw_models.py).
+Selective recomputation (parsim.workload.recompute) runs the core's forward again in the backward and frees only
+what the core alone keeps: its log-sum-exp (Decoder.core_freed_bytes_per_token says why no more).
 """
 
 from __future__ import annotations
@@ -94,6 +96,15 @@ class _SequenceLayer:
     def in_shape(self) -> tuple[int, ...]:
         return (self.shape.seq, self.shape.hidden)
 
+    @property
+    def core_parts(self) -> tuple[Part, ...]:
+        """Selective recomputation's: no attention core but a decoder block's (Decoder's own)."""
+        return ()
+
+    @property
+    def core_freed_bytes_per_token(self) -> int:
+        return 0
+
 
 @dataclass(frozen=True)
 class Decoder(_SequenceLayer):
@@ -144,8 +155,23 @@ class Decoder(_SequenceLayer):
     @property
     def parts(self) -> tuple[Part, ...]:
         mm = 2.0 * self.matmul_macs_per_token * self.shape.seq
-        return (Part((self.cost_key, self.kind), (mm, mm, mm), HINT),
-                Part((self.attention_key, "attention"), self.attention_flops, HINT))
+        return (Part((self.cost_key, self.kind), (mm, mm, mm), HINT), self._attention_part)
+
+    @property
+    def _attention_part(self) -> Part:
+        return Part((self.attention_key, "attention"), self.attention_flops, HINT)
+
+    @property
+    def core_parts(self) -> tuple[Part, ...]:
+        """What selective recomputation runs again in the backward: the attention core, its forward priced as the
+        block's attention part."""
+        return (self._attention_part,)
+
+    @property
+    def core_freed_bytes_per_token(self) -> int:
+        """What selective recomputation frees: the core's log-sum-exp (fp32, a head's per token). Checkpointed, the
+        core still keeps q, k, v to run again, and its output is the output projection's kept input."""
+        return self._per_seq(0, self.shape.heads)
 
     @property
     def out_bytes_per_token(self) -> int:
