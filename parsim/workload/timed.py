@@ -66,6 +66,7 @@ class TimedLayer:
     kind = "timed"
     captured_bytes_per_token = 0  # a split backward's extra memory: not measured
     weight_grad_held_bytes_per_token = 0
+    unweighted_stash_bytes_per_token = 0  # what of the stash only ops without weights keep: not measured
 
     @property
     def sample(self) -> str:
