@@ -24,7 +24,7 @@ from parsim.inputs import MAX_SIZE, read_text
 from parsim.profile import Profile
 from parsim.runtimes import Runtime, get_runtime
 from parsim.sim.predict import Prediction
-from parsim.workload import Model, model_from_spec, model_label, peak_bytes
+from parsim.workload import Model, model_from_spec, model_label
 from parsim.workload.recompute import MODES
 
 HOST_SWING, HOST_TOLERANCE = 1.3, 0.05
@@ -245,8 +245,8 @@ def repredict(points: list[Point], profile: Profile, runtime: str | None = None)
             p = replace(p, runtime=runtime)
         prepared = _prepare(p, profile, f"row {i:,} of {len(points):,}: ")  # the progress line counts rows
         predicted = prepared.predict()[0]
-        peak = peak_bytes(prepared.run_model, prepared.schedule, p.data_parallel, "none", p.recompute,
-                          prepared.runtime.keeps_outputs)
+        peak = prepared.runtime.peak_bytes(prepared.run_model, prepared.schedule, p.data_parallel, "none",
+                                           p.recompute)
         out.append(replace(p, predicted_s=predicted.step_time_s, predicted_single_gpu_s=predicted.single_gpu_step_s,
                            predicted_peak_bytes=peak))
     return out

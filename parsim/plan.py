@@ -40,7 +40,7 @@ from parsim.schedules import VIRTUAL, Schedule
 from parsim.sim.bounds import step_floor_s
 from parsim.sim.grad_allreduce import gradient_buckets
 from parsim.sim.predict import Prediction, StepAbove
-from parsim.workload import Model, StageCost, partitioned, peak_bytes, stage_costs, stage_layers
+from parsim.workload import Model, StageCost, partitioned, stage_costs, stage_layers
 from parsim.workload.recompute import splits_backward
 from parsim.workload.tensor_parallel import DEGREES, TensorParallel, check_tensor_parallel, split_model, tp_view
 from parsim.workload.tensor_parallel import RUNTIMES as TP_RUNTIMES
@@ -293,12 +293,12 @@ def evaluate(shape: Shape, model: Model, profile: Profile, memory_limit_bytes: f
         prepared = prepare(shape.configuration(model), profile)
     except ScheduleError:
         return None  # e.g. interleaving with m not a multiple of pp, DualPipeV with m < 2pp
-    keeps = prepared.runtime.keeps_outputs
-    memory = peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel, optimizer, keeps_outputs=keeps)
+    memory = prepared.runtime.peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel, optimizer)
     if recompute and memory_limit_bytes is not None and memory > memory_limit_bytes \
             and can_recompute(shape.runtime, prepared.schedule):
         for mode in RECOMPUTE_ORDER:  # over the limit even so: the last, the least memory, is what it is shown with
-            memory = peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel, optimizer, mode, keeps)
+            memory = prepared.runtime.peak_bytes(prepared.run_model, prepared.schedule, shape.data_parallel,
+                                                 optimizer, mode)
             prepared = replace(prepared, config=replace(prepared.config, recompute=mode))
             if memory <= memory_limit_bytes:
                 break

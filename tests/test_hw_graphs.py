@@ -21,7 +21,7 @@ from hw.run.stage_runner import (
 )
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
-from parsim.workload import conv_model, mlp_model  # noqa: E402
+from parsim.workload import conv_model, graphed_ranks, mlp_model  # noqa: E402
 
 CPU, F64 = torch.device("cpu"), torch.float64
 MODEL = mlp_model(layers=4, hidden=16, tokens=24)
@@ -140,6 +140,20 @@ def test_receives_land_in_the_static_buffer_of_the_action_that_reads_them():
     receive = next(a for a in s.actions[1] if a.op == "RECV_F")
     assert runner._receive_buffer(receive, io) is runner._receive_buffer(receive, io) is runner.received[receive]
     assert runner.received[receive].shape == io.inputs[0].shape
+
+
+@pytest.mark.parametrize("name,ranks,m,virtual", [("gpipe", 3, 3, None), ("1f1b", 2, 4, None),
+                                                   ("interleaved-1f1b", 2, 4, 2), ("zbv", 2, 4, None)])
+def test_the_static_tensors_outside_the_pool_are_what_parsim_counts(name: str, ranks: int, m: int, virtual):
+    """Each rank's static buffers (a receive's each, stage 0's copy of the inputs, the last stage's of the targets)
+    take the bytes parsim.workload.graph_memory counts for them, fp64 here."""
+    s = build(name, ranks, m, virtual)
+    io = split_batch(*make_batch(MODEL, CPU, F64), m, stage_shapes(MODEL, s.num_stages))
+    modelled = graphed_ranks(mlp_model(4, 16, 24, dtype_bytes=8), s, 24 // m)
+    for r in range(ranks):
+        runner = GraphRunner(s, r, stage_modules(MODEL, s, r, CPU, F64), {}, EagerGraphs())
+        runner.prepare(io)
+        assert runner.static_bytes() == modelled[r].buffers > 0
 
 
 def test_the_factory_captures_before_any_step_and_refuses_data_parallelism():

@@ -238,3 +238,24 @@ def test_stdout_on_a_full_device_keeps_what_hw_measured_and_names_it(tmp_path):
     assert errors[0] == ("error: cannot write to standard output: No space left on device; kept what it measured: "
                          "t.json, t.rank1.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.rank1.json"]
+
+
+def test_a_graphed_jobs_own_memory_counts_its_pool_at_its_captures_peak():
+    """What a graphed job holds between steps: weights, its static tensors and what its pool has allocated (the
+    gradients are in the pool, not counted again); beyond that, its graphs' intermediates (the pool's peak at the
+    captures less what stays allocated). On the CPU there is no pool: weights and gradients, as for hw's runner."""
+    from hw.measure.steps import Config, Job, Stepper
+    from hw.run.runtimes import job_groups
+    from hw.run.stage_runner import Groups
+    from parsim.schedules import build
+    from parsim.workload import mlp_model
+
+    s = build("1f1b", 1, 4)
+    job = Job(s, mlp_model(4, 16, 24), Config(1, 0, "fp64"), runtime="graphs")
+    stepper = Stepper(0, torch.device("cpu"), job, job_groups("graphs", s, Groups()))
+    stepper()
+    weights = sum(p.numel() * 8 for p in stepper.params)
+    assert stepper.resident_bytes() == 2 * weights and stepper.captured_bytes() == 0
+    stepper.runner.graph_pool_bytes = {"reserved": 10_000, "allocated": 6_000, "peak": 9_000}
+    assert stepper.resident_bytes() == weights + stepper.runner.static_bytes() + 6_000
+    assert stepper.captured_bytes() == 3_000 and stepper.runner.static_bytes() == 2 * 24 * 16 * 8

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from hw.run.cuda_graphs import GraphRunner
 from hw.run.observers import ActionTimer
 from hw.run.ranks import host_pinned, kill_point, local_rank, release_unused, spawn
 from hw.run.runtimes import Runner, job_groups, pins_host, runner_factory, runner_options
@@ -85,7 +86,7 @@ class RankTiming:
     per_op: dict[str, float]  # "stage:op" (e.g. "0:F") -> mean seconds of that compute in the per-action timed step
     timeline: list[tuple[str, float, float]]  # (action, start, end) of each compute in that step (ActionTimer)
     peak_memory_bytes: int | None  # the job's own peak on the GPU (own_peak); None on the CPU
-    graph_pool_bytes: dict[str, int] | None  # a graphed runner's pool ("reserved", "allocated"); None for others
+    graph_pool_bytes: dict[str, int] | None  # a graphed runner's pool ("reserved", "allocated", "peak"); else None
     loops: list[list[float]] = field(default_factory=list)  # per sample, each step's host loop (the runner's call)
 
 
@@ -124,15 +125,26 @@ class Stepper:
         self.pinned = pins_host(self.runner)
 
     def resident_bytes(self) -> int:
-        """What this job holds between its steps: its weights, their gradients (this rank's shards of split ones), a
-        graphed runner's pools."""
-        tensors = [local(t) for t in self.params + [p.grad for p in self.params if p.grad is not None]]
-        pools = self.graph_pool_bytes() or {}
-        return sum(t.numel() * t.element_size() for t in tensors) + sum(pools.values())
+        """What this job holds allocated between its steps: its weights, their gradients (this rank's shards of split
+        ones); for a graphed runner on a GPU, its static tensors outside its pool and what the pool has allocated
+        (its gradients among them)."""
+        pools = self.graph_pool_bytes()
+        grads = [] if pools else [p.grad for p in self.params if p.grad is not None]
+        held = sum(t.numel() * t.element_size() for t in (local(t) for t in self.params + grads))
+        if pools and isinstance(self.runner, GraphRunner):
+            held += self.runner.static_bytes() + pools["allocated"]
+        return held
+
+    def captured_bytes(self) -> int:
+        """A graphed runner's graphs' intermediates: the most its pool had allocated at its captures beyond what stays
+        allocated, which every replay writes into again although the allocator counts it free (0 for others)."""
+        pools = self.graph_pool_bytes()
+        return pools["peak"] - pools["allocated"] if pools else 0
 
     def graph_pool_bytes(self) -> dict[str, int] | None:
-        """A graphed runner's pool (hw.run.cuda_graphs.GraphRunner.graph_pool_bytes); None for the others."""
-        return getattr(self.runner, "graph_pool_bytes", None)
+        """A graphed runner's pool on a GPU (hw.run.cuda_graphs.GraphRunner.graph_pool_bytes); None for the
+        others."""
+        return self.runner.graph_pool_bytes if isinstance(self.runner, GraphRunner) else None
 
     def __call__(self, observe: Observer | None = None) -> None:
         for p in self.params:
@@ -157,7 +169,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
     runs at the clock its own load holds; a sample is a block of steps lasting BLOCK_S at least, their mean (each
     sample's steps kept: `blocks`). The timers stay out of the timed steps. Runners that pin (hw's) step with the
     host thread pinned. A job's peak memory is its own: the process's peak during its step less what the turn's
-    other jobs held when it began."""
+    other jobs held when it began; a graphed job's adds its graphs' intermediates (Stepper.captured_bytes)."""
     steppers = [Stepper(rank, device, job, m) for job, m in zip(jobs, made, strict=True)]
 
     def settle() -> None:
@@ -199,7 +211,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
                     loop.append(t1 - t0)
                 blocks[k].append(block)
                 loops[k].append(loop)
-            peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+            peaks[k] = max(peaks[k], own_peak(_peak(device), others) + stepper.captured_bytes())
             stepped()
     out: list[RankTiming] = []
     for k, stepper in enumerate(steppers):
@@ -209,7 +221,7 @@ def time_turn(rank: int, device: torch.device, jobs: Turn, made: list[object], t
             others = _others_bytes(device, stepper)
             stepper(timer)
             settle()
-        peaks[k] = max(peaks[k], own_peak(_peak(device), others))
+        peaks[k] = max(peaks[k], own_peak(_peak(device), others) + stepper.captured_bytes())
         stepped()
         config = stepper.job.config
         if config.trace:  # one more step, profiled on every rank: rank 0 writes FILE, rank r FILE's stem + .rank{r}

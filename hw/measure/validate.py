@@ -48,7 +48,7 @@ from parsim.interrupts import Stopped, note
 from parsim.profile import Profile, load_profile
 from parsim.runtimes import get_runtime
 from parsim.schedules import SCHEDULES, schedule_name
-from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec, peak_bytes
+from parsim.workload import MODEL_SPECS, Model, model_from_spec, model_spec
 from parsim.workload.recompute import MODES, check_layers
 from parsim.workload.tensor_parallel import TensorParallel, check_tensor_parallel, collective_spec
 
@@ -199,8 +199,8 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
             "predicted_s": predicted.step_time_s, "predicted_single_gpu_s": predicted.single_gpu_step_s,
             "excluded": "", "data_parallel": job.data_parallel, "copy_streams": job.copy_streams,
             # the most any GPU holds: weights, gradients made in the step, activations and working memory
-            "predicted_peak_bytes": peak_bytes(prepared.run_model, s, job.data_parallel, "none", job.recompute,
-                                               prepared.runtime.keeps_outputs),
+            "predicted_peak_bytes": prepared.runtime.peak_bytes(prepared.run_model, s, job.data_parallel, "none",
+                                                                job.recompute),
             "measured_peak_bytes": max(measured_peaks) if None not in measured_peaks else "",
             "runtime": job.runtime, "host_probe_s": probe_s, "recompute": job.recompute,
             "tensor_parallel": job.tensor_parallel,
@@ -209,10 +209,14 @@ def _row(job: Job, measured: dict, profile: Profile, profile_path: str, probe_s:
 
 def _samples(row: dict, measured: dict, probe: RankTiming) -> dict:
     """A CSV row's raw timings (samples.json): every timed sample's steps of the point and of its turn's host
-    probe, so that other estimators than the median of sample means can be redone offline."""
+    probe, so that other estimators than the median of sample means can be redone offline; each stage's rank's peak
+    memory, and a graphed job's pools."""
     keys = ("schedule", "gpus", "microbatches", "model", "runtime", "data_parallel", "copy_streams", "recompute",
             "tensor_parallel")
-    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe.blocks}
+    memory = {"peak_memory_bytes": [s["peak_memory_bytes"] for s in measured["per_stage"]]}
+    if any(s.get("graph_pool_bytes") for s in measured["per_stage"]):  # each stage's rank's pool (a graphed job)
+        memory["graph_pool_bytes"] = [s["graph_pool_bytes"] for s in measured["per_stage"]]
+    return {**{k: row[k] for k in keys}, "steps_s": measured["step_blocks_s"], "probe_steps_s": probe.blocks, **memory}
 
 
 def _check_cpu_grid(model: Model, turns: list[Turn], args: argparse.Namespace) -> None:

@@ -20,8 +20,9 @@ again at each replay, so the CPU tests cover buffers, capture order and gradient
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,6 +70,8 @@ class GraphMaker(Protocol):
 
     def warm_up(self, fn: Callable[[], None]) -> None: ...
 
+    def capturing(self) -> contextlib.AbstractContextManager[None]: ...
+
     def pool_bytes(self) -> dict[str, int] | None: ...
 
 
@@ -79,6 +82,7 @@ class CudaGraphs:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device)
+        self.peak = 0  # the most the pool had allocated at once during the last captures
 
     def graph(self, label: object) -> CudaGraph:
         return CudaGraph(self)
@@ -97,11 +101,23 @@ class CudaGraphs:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         return _Joined(self.stream, self.device)
 
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """`with`: the captures, recording the most the pool had allocated at once meanwhile: the intermediates a
+        graph frees are then allocated, and every replay writes into them again (the allocator counts them free).
+        It resets the device's peak-memory count: nothing outside the pool allocates while graphs are captured."""
+        torch.cuda.synchronize(self.device)
+        outside = torch.cuda.memory_allocated(self.device) - self.pool_bytes()["allocated"]
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device) - outside
+
     def pool_bytes(self) -> dict[str, int]:
-        """Reserved and allocated bytes of the graphs' pool on this GPU."""
+        """Bytes of the graphs' pool on this GPU: reserved, allocated now, and at the captures' peak."""
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(self.pool)]
         return {"reserved": sum(s["total_size"] for s in segments),
-                "allocated": sum(s["allocated_size"] for s in segments)}
+                "allocated": sum(s["allocated_size"] for s in segments), "peak": self.peak}
 
 
 class _Joined:
@@ -156,6 +172,9 @@ class EagerGraphs:
 
     def warm_up(self, fn: Callable[[], None]) -> None:
         fn()
+
+    def capturing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def pool_bytes(self) -> None:
         return None
@@ -235,6 +254,9 @@ class GraphRunner(StageRunner):
         self.io: StepIO | None = None
         self.captures = 0  # capture passes run: one per batch shape
         self.graph_pool_bytes: dict[str, int] | None = None
+        self.inputs: list[torch.Tensor] = []  # the static tensors outside the pool (_static_tensors)
+        self.targets: list[torch.Tensor] = []
+        self.received: dict[Action, torch.Tensor] = {}
 
     # --- capture (warm-up, before any timed step) ------------------------------------------------------------
 
@@ -261,14 +283,15 @@ class GraphRunner(StageRunner):
         collecting = gc.isenabled()
         gc.disable()  # a collection mid-capture could destroy an old runner's graphs (see hw.run.ranks.release_unused)
         try:
-            if self.whole_step:
-                self.whole = self.graphs.graph("step")
-                self.whole.capture(run_all)
-            else:
-                for a, fn in functions.items():
-                    graph = self.graphs.graph(a)
-                    graph.capture(fn)
-                    self.replays[a] = graph.replay
+            with self.graphs.capturing():
+                if self.whole_step:
+                    self.whole = self.graphs.graph("step")
+                    self.whole.capture(run_all)
+                else:
+                    for a, fn in functions.items():
+                        graph = self.graphs.graph(a)
+                        graph.capture(fn)
+                        self.replays[a] = graph.replay
         finally:
             if collecting:
                 gc.enable()
@@ -292,11 +315,18 @@ class GraphRunner(StageRunner):
         self.first_loss = forwards[0] if forwards else None
 
     def _forget(self) -> None:
-        """Drop what the warm-up left in the held tensors (its eager memory), keeping each Held object."""
+        """Drop what the warm-up left in the held tensors and its gradients (its eager memory, not to be held beside
+        the captures' own), keeping each Held object."""
         for h in self.held.values():
             h.x = h.out = h.loss = None
             h.weighted = []
         self.loss_sum = None
+        self.acc = {}
+
+    def static_bytes(self) -> int:
+        """Bytes of the static tensors outside the graphs' pool: the batch's copies and one buffer per receive."""
+        tensors = [*self.inputs, *self.targets, *self.received.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def _source(self, dep: Action) -> Callable[[], torch.Tensor]:
         """Where an action reads what `dep` hands it: a receive's buffer, or the static output of a forward

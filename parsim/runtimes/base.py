@@ -14,6 +14,7 @@ from parsim.errors import ProfileError, ScheduleError
 from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts, correction_at
 from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
 from parsim.schedules.from_torch import TORCH_PREFIX
+from parsim.workload import Model, graphed_peak_bytes, peak_bytes
 
 
 class Runtime(ABC):
@@ -23,6 +24,7 @@ class Runtime(ABC):
     summary: str  # one line for --help and reports
     copy_streams: bool = False  # it posts messages as hw's runner does, so hw's copy streams apply
     keeps_outputs: bool = False  # its last stage keeps every micro-batch's output until the step ends
+    graphed: bool = False  # each compute action a CUDA graph, a rank's in one pool (parsim.workload.graph_memory)
 
     @abstractmethod
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
@@ -47,6 +49,15 @@ class Runtime(ABC):
     def splits_backward(self, schedule: str) -> bool:
         """Whether build runs some backwards as I and W: a rank may then end on a W, which nothing waits for."""
         return schedule.lower() in SPLITS_BACKWARD
+
+    def peak_bytes(self, model: Model, schedule: Schedule, data_parallel: int = 1, optimizer: str = "adam",
+                   recompute: str = "never") -> int:
+        """The most memory any one GPU holds in a step as this runtime runs `schedule`: parsim.workload.memory's
+        walk (its last stage's outputs kept where it keeps them), or a graphed runtime's
+        (parsim.workload.graph_memory)."""
+        if self.graphed:
+            return graphed_peak_bytes(model, schedule, data_parallel, optimizer, recompute)
+        return peak_bytes(model, schedule, data_parallel, optimizer, recompute, self.keeps_outputs)
 
     def costs(self, profile: Profile) -> Profile:
         """`profile` as this runtime pays it: its host costs in place of hw's runner's."""

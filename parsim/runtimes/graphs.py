@@ -22,6 +22,7 @@ class GraphsRuntime(Runtime):
     name = "graphs"
     summary = "hw's runner replaying each stage's forward and backward as CUDA graphs: one launch per action"
     copy_streams = True
+    graphed = True
 
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
               virtual_stages: int | None = None) -> Schedule:

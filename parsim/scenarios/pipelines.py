@@ -11,7 +11,7 @@ from parsim.profile import Profile
 from parsim.runtimes.base import Runtime
 from parsim.runtimes.eager import EAGER
 from parsim.scenarios.base import ScenarioResult
-from parsim.workload import Model, conv_model, mlp_model, peak_bytes
+from parsim.workload import Model, conv_model, mlp_model
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,6 @@ def predict_pipeline_scenario(scenario: PipelineScenario, profile: Profile, runt
         prepared = prepare(p.configuration(model, runtime.name), profile)
         figures[p.figure] = prepared.predict()[0].step_time_s
         if scenario.memory:  # what hw measures: weights, the step's gradients, activations and working memory
-            figures[peak_figure(p.figure)] = peak_bytes(prepared.model, prepared.schedule, 1, "none", p.recompute,
-                                                        prepared.runtime.keeps_outputs)
+            figures[peak_figure(p.figure)] = prepared.runtime.peak_bytes(prepared.model, prepared.schedule, 1, "none",
+                                                                         p.recompute)
     return ScenarioResult(scenario.name, scenario.figures(figures), scenario.headline, scenario.description)

@@ -29,7 +29,16 @@ from parsim.sim.sharing import (
     waiting,
 )
 from parsim.sim.slowest import at_slowest_pace
-from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
+from parsim.workload import (
+    Model,
+    StageCost,
+    check_stages,
+    graphed_activation_bytes,
+    microbatch_tokens,
+    poor_fits,
+    stage_costs,
+    stand_ins,
+)
 from parsim.workload.tensor_parallel import NONE, TensorParallel, split_model, whole_nodes
 from parsim.workload.timed import priced, timed_elsewhere
 
@@ -308,9 +317,13 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
                                    "one of its costs or rates is out of range")
         gpus = schedule.num_ranks * data_parallel
         busy = sim.busy_s
-        held = peak_held_bytes(schedule, [kept_stash_bytes(c, recompute) for c in costs], recompute,
-                               [0, *(c.send_bytes for c in costs[:-1])],
-                               costs[-1].send_bytes if get_runtime(runtime).keeps_outputs else 0)
+        runs = get_runtime(runtime)
+        if runs.graphed:  # the graphs' pool and static buffers (parsim.workload.graph_memory)
+            held = graphed_activation_bytes(model, schedule, data_parallel, recompute)
+        else:
+            held = peak_held_bytes(schedule, [kept_stash_bytes(c, recompute) for c in costs], recompute,
+                                   [0, *(c.send_bytes for c in costs[:-1])],
+                                   costs[-1].send_bytes if runs.keeps_outputs else 0)
         per_gpu = []
         for g in range(gpus):
             rank = g % schedule.num_ranks

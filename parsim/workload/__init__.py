@@ -6,7 +6,8 @@ checked on hardware; `conv_model` is the ResNet-like conv net it also runs (`--c
 
 layers.py: the MLP and conv layer kinds; transformer.py: the transformer's; models.py: models, their specs
 and files; configs.py: Hugging Face configs and presets; partition.py: splits into stages; costs.py: what
-layers and stages cost, and the split balanced by those costs; memory.py: what a GPU holds.
+layers and stages cost, and the split balanced by those costs; memory.py: what a GPU holds; graph_memory.py: what
+it holds under CUDA graphs.
 """
 
 from parsim.workload.configs import PRESETS, config_model, load_model, model_from_spec, named_model, preset_model
@@ -26,6 +27,7 @@ from parsim.workload.costs import (
     stage_costs,
     stand_ins,
 )
+from parsim.workload.graph_memory import GraphedRank, graphed_activation_bytes, graphed_peak_bytes, graphed_ranks
 from parsim.workload.layers import KINDS, Kind, Layer, Part
 from parsim.workload.memory import OPTIMIZERS, peak_bytes, rank_peak_bytes
 from parsim.workload.models import (
@@ -46,7 +48,8 @@ from parsim.workload.transformer import Decoder, Embedding, Head, TransformerSha
 __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "Layer", "LayerTime", "MODEL_FILE",
            "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
            "TransformerShape", "Work", "check_balance", "check_stages", "config_model", "conv_model",
-           "gradient_adds", "layer_times", "layer_works", "load_model", "microbatch_tokens", "mlp_model",
+           "GraphedRank", "gradient_adds", "graphed_activation_bytes", "graphed_peak_bytes", "graphed_ranks",
+           "layer_times", "layer_works", "load_model", "microbatch_tokens", "mlp_model",
            "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition", "stand_ins",
            "partition_by_time", "partitioned", "peak_bytes", "poor_fits", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]

@@ -44,6 +44,7 @@ class Kind:
     weights: int  # weights per C^2
     vectors: int  # biases and norm scales and shifts per C
     stash: int  # elements autograd keeps from forward to backward, per C S^2
+    unweighted: int  # of those, the elements only ops without weights keep (activations), per C S^2
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -51,15 +52,16 @@ class Kind:
 
 KINDS = {
     # x + W2 gelu(W1 layernorm(x)), 4x expansion: two C x 4C matmuls; biases 4C + C, layernorm 2C;
-    # kept: layernorm input and output (C each), fc1 output and gelu output (4C each)
-    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, spatial=False, sample="token"),
+    # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, spatial=False, sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
-    # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input)
-    "conv": Kind(macs=18, weights=18, vectors=4, stash=4),
+    # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
+    # relus keep their outputs too (the same tensors as the convs' inputs)
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
-    # conv1 output and relu2 output (C S^2 each)
-    "down": Kind(macs=14, weights=14, vectors=3, stash=6, shrink=2),
+    # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output
+    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, shrink=2),
 }
 
 
@@ -123,6 +125,12 @@ class Layer:
     def stash_bytes_per_token(self) -> int:
         """Activations kept for the backward (see KINDS)."""
         return self.formulas.stash * self.hidden * self.side**2 * self.dtype_bytes
+
+    @property
+    def unweighted_stash_bytes_per_token(self) -> int:
+        """The part of the stash that only ops without weights keep: a split backward's weight-grad never frees it
+        (see parsim.workload.graph_memory)."""
+        return self.formulas.unweighted * self.hidden * self.side**2 * self.dtype_bytes
 
     # memory beyond the stash (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
     forward_workspace_bytes_per_token = 0

@@ -71,6 +71,7 @@ class TimedLayer:
     @property
     def core_parts(self) -> tuple[Part, ...]:
         return ()
+    unweighted_stash_bytes_per_token = 0  # what of the stash only ops without weights keep: not measured
 
     @property
     def sample(self) -> str:

@@ -192,6 +192,14 @@ class Decoder(_SequenceLayer):
         return self._per_seq(act, t.heads + (2 if self._llama else 4))
 
     @property
+    def unweighted_stash_bytes_per_token(self) -> int:
+        """The part of the stash only ops without weights keep: attention's q, k, v and output and its
+        log-sum-exp; the MLP's gate and up outputs and SiLU's output (SwiGLU's product is the down projection's
+        input), or the fc output (GELU's input)."""
+        t = self.shape
+        return self._per_seq(2 * t.q_width + 2 * t.kv_width + (3 if self._llama else 1) * t.ffn, t.heads)
+
+    @property
     def forward_workspace_bytes_per_token(self) -> int:
         """Live beyond the stash during the forward: the q and k projections before rotary embedding and
         three q-sized rotary temporaries (Llama), or the norm's fp32 copy of its input and square (GPT: none)."""
@@ -263,6 +271,8 @@ class Embedding(_SequenceLayer):
         """The ids, which the lookup's backward keeps."""
         return self.shape.seq * INDEX_BYTES
 
+    unweighted_stash_bytes_per_token = 0  # the ids, which the lookup (a weighted module) keeps
+
     @property
     def forward_workspace_bytes_per_token(self) -> int:
         """GPT: the token rows before the position rows are added."""
@@ -324,6 +334,12 @@ class Head(_SequenceLayer):
         t = self.shape
         return t.seq * (2 * t.hidden * t.dtype_bytes + self._norm_vectors * t.acc_bytes + INDEX_BYTES) + \
             self._vocab_bytes(0, 1)
+
+    @property
+    def unweighted_stash_bytes_per_token(self) -> int:
+        """The part of the stash the loss keeps, which has no weights: the fp32 log-softmax (and the targets, which
+        are the batch's)."""
+        return self._vocab_bytes(0, 1)
 
     @property
     def _upcast(self) -> int:
