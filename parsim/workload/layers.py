@@ -45,6 +45,11 @@ class Kind:
     vectors: int  # biases and norm scales and shifts per C
     stash: int  # elements autograd keeps from forward to backward, per C S^2
     unweighted: int  # of those, the elements only ops without weights keep (activations), per C S^2
+    # a split backward's (hw.run.stage_runner): the weighted modules' outputs its forward captures that nothing in
+    # the stash already holds, and the gradients of every weighted module's output its input-grad keeps for the
+    # weight-grad, per C S^2 (0: not modelled)
+    captured: int = 0
+    held: int = 0
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -52,8 +57,11 @@ class Kind:
 
 KINDS = {
     # x + W2 gelu(W1 layernorm(x)), 4x expansion: two C x 4C matmuls; biases 4C + C, layernorm 2C;
-    # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output
-    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, spatial=False, sample="token"),
+    # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output;
+    # a split backward captures fc2's output (C; layernorm's and fc1's are in the stash) and keeps the gradients of
+    # the layernorm's, fc1's and fc2's outputs (C + 4C + C)
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, spatial=False,
+                sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
     # relus keep their outputs too (the same tensors as the convs' inputs)
@@ -132,11 +140,19 @@ class Layer:
         (see parsim.workload.graph_memory)."""
         return self.formulas.unweighted * self.hidden * self.side**2 * self.dtype_bytes
 
-    # memory beyond the stash (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
+    @property
+    def captured_bytes_per_token(self) -> int:
+        """What a split backward's forward captures beyond the stash (see KINDS)."""
+        return self.formulas.captured * self.hidden * self.side**2 * self.dtype_bytes
+
+    @property
+    def weight_grad_held_bytes_per_token(self) -> int:
+        """The output gradients a split backward's input-grad keeps for its weight-grad (see KINDS)."""
+        return self.formulas.held * self.hidden * self.side**2 * self.dtype_bytes
+
+    # working memory (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
     forward_workspace_bytes_per_token = 0
     backward_workspace_bytes_per_token = 0
-    captured_bytes_per_token = 0
-    weight_grad_held_bytes_per_token = 0
 
     @property
     def core_parts(self) -> tuple[Part, ...]:
