@@ -201,7 +201,7 @@ def _cpu_peak_bytes(runner, io) -> int:
 
 @pytest.mark.parametrize("name,microbatches,virtual,tolerance,recompute", [
     ("gpipe", 1, None, 0.05, "never"), ("gpipe", 4, None, 0.05, "never"), ("1f1b", 4, None, 0.05, "never"),
-    ("interleaved-1f1b", 4, 2, 0.05, "never"), ("zb-h1", 4, None, 0.10, "never"),
+    ("interleaved-1f1b", 4, 2, 0.07, "never"), ("zb-h1", 4, None, 0.10, "never"),
     ("gpipe", 4, None, 0.05, "selective"), ("zb-h1", 4, None, 0.10, "selective"),
 ])
 def test_predicted_peak_memory_matches_the_cpu_allocators(name, microbatches, virtual, tolerance, recompute):
@@ -209,7 +209,9 @@ def test_predicted_peak_memory_matches_the_cpu_allocators(name, microbatches, vi
     against the allocator's own count (on a GPU, `hw validate` compares with torch.cuda.max_memory_allocated).
     The CPU's kernels are not a GPU's: this checks what is held when, not a GPU kernel's scratch memory. A split
     backward is predicted less closely (6% low here): what its input-grad keeps is approximate. Selective: each
-    checkpoint also keeps the CPU's RNG state (5,056 bytes; host memory on a GPU, not counted)."""
+    checkpoint also keeps the CPU's RNG state (5,056 bytes; host memory on a GPU, not counted). Interleaved 1F1B is
+    6% high here since later backwards' gradients count as made apart before their add (on H200 that took the
+    2- and 4-GPU grids' worst points from 9-16% to 4-11%)."""
     from hw.run.stage_runner import local_runner
     from parsim.workload import microbatch_tokens, model_from_spec, rank_peak_bytes
 

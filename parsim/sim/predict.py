@@ -321,8 +321,8 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
         if runs.graphed:  # the graphs' pool and static buffers (parsim.workload.graph_memory)
             held = graphed_activation_bytes(model, schedule, data_parallel, recompute)
         else:
-            held = peak_held_bytes(schedule, [kept_stash_bytes(c, recompute) for c in costs], recompute,
-                                   [0, *(c.send_bytes for c in costs[:-1])],
+            kept = [i + c.loss_bytes for i, c in zip([0, *(c.send_bytes for c in costs[:-1])], costs, strict=True)]
+            held = peak_held_bytes(schedule, [kept_stash_bytes(c, recompute) for c in costs], recompute, kept,
                                    costs[-1].send_bytes if runs.keeps_outputs else 0)
         per_gpu = []
         for g in range(gpus):

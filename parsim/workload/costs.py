@@ -13,6 +13,7 @@ from parsim.profile import ACCUMULATE, AUTOGRAD_ACCUMULATE, LAYER_OPS, LayerCost
 from parsim.workload.layers import KINDS, Part
 from parsim.workload.models import Model
 from parsim.workload.partition import partition_by_time, stage_layers
+from parsim.workload.recompute import loss_kept_bytes_per_token
 from parsim.workload.tensor_parallel import collective_s
 
 
@@ -43,6 +44,7 @@ class StageCost:
     # again (chunks: how many cores), and the stash bytes it frees
     core_forward: Work = Work(0.0, 0.0, 0)
     core_freed_bytes: int = 0
+    loss_bytes: int = 0  # what its loss keeps outside a checkpoint of the stage (parsim.workload.recompute)
 
     @cached_property
     def backward(self) -> Work:
@@ -275,5 +277,6 @@ def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: P
             layers=len(layers),
             core_forward=cores_work(profile, layers, tokens),
             core_freed_bytes=sum(layer.core_freed_bytes_per_token for layer in layers) * tokens,
+            loss_bytes=sum(loss_kept_bytes_per_token(layer) for layer in layers) * tokens,
         ))
     return costs

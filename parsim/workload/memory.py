@@ -13,7 +13,7 @@ layer's larger MLP stash is freed, so it raises no peak. The batch itself is not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from parsim.errors import ModelError
@@ -21,7 +21,13 @@ from parsim.schedules import Action, Op, Schedule
 from parsim.workload.costs import microbatch_tokens
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
-from parsim.workload.recompute import RECOMPUTING_OPS, check_mode, recomputes, recomputes_cores
+from parsim.workload.recompute import (
+    RECOMPUTING_OPS,
+    check_mode,
+    loss_kept_bytes_per_token,
+    recomputes,
+    recomputes_cores,
+)
 
 # extra bytes per parameter, beyond the weight, by optimizer
 OPTIMIZERS = {
@@ -72,6 +78,7 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
     selective = recomputes_cores(check_mode(recompute))
     stages = [[layer_memory(model.layers[i], samples, selective) for i in ids] for ids in ids_of]
     outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in ids_of]
+    rebuilt = [checkpointed(stages[s], [model.layers[i] for i in ids], samples) for s, ids in enumerate(ids_of)]
     m = schedule.num_microbatches
     redo = {(s, i) for s in range(schedule.num_stages) for i in range(m) if recomputes(recompute, i, m)}
     last = schedule.num_stages - 1
@@ -80,7 +87,8 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
         mine = [s for s, owner in enumerate(schedule.stage_to_rank) if owner == rank]
         static = sum(static_bytes_per_param(optimizer, model.layers[i].dtype_bytes) * model.layers[i].params
                      for s in mine for i in ids_of[s])
-        peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo, keeps_outputs))
+        peaks.append(_walk(acts, stages, outputs, last, split, static, optimizer == "none", redo, keeps_outputs,
+                           rebuilt))
     return peaks
 
 
@@ -92,12 +100,32 @@ def peak_bytes(model: Model, schedule: Schedule, data_parallel: int = 1, optimiz
     return max(rank_peak_bytes(model, schedule, samples, optimizer, recompute, keeps_outputs))
 
 
+def checkpointed(layers: list[LayerMemory], model_layers: list[Any], samples: int,
+                 ) -> tuple[LayerMemory | None, list[LayerMemory]]:
+    """A stage as a checkpoint of it runs: the loss computed outside it (what a head's loss keeps, and its
+    backward's working memory), and the layers the backward rebuilds, a head's without its loss: its stash less
+    the log-softmax, the logits alone as its working memory."""
+    loss, rebuilt = None, []
+    for memory, layer in zip(layers, model_layers, strict=True):
+        kept = loss_kept_bytes_per_token(layer) * samples
+        if not kept:
+            rebuilt.append(memory)
+            continue
+        loss = LayerMemory(kept, 0, memory.backward_workspace, 0, 0, 0)
+        logits = layer.out_bytes_per_token * samples
+        rebuilt.append(replace(memory, stash=memory.stash - kept, forward_workspace=logits, backward_workspace=logits))
+    return loss, rebuilt
+
+
 def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: list[int], last: int,
           split: set[tuple[int, int]], static: int, made_grads: bool,
-          redo: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(), keeps_outputs: bool = False) -> int:
+          redo: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(), keeps_outputs: bool = False,
+          rebuilt: list[tuple[LayerMemory | None, list[LayerMemory]]] | None = None) -> int:
     """The peak of one rank's program; made_grads: each layer's gradients appear at its first backward; `redo`:
-    the (stage, micro-batch) pairs whose forward keeps only its input (outputs[stage - 1]) until recomputed;
-    keeps_outputs: the last stage's outputs stay to the end, where they are merged into one more copy."""
+    the (stage, micro-batch) pairs whose forward keeps only its input (outputs[stage - 1]) and what its loss keeps
+    outside the checkpoint until recomputed (`rebuilt`, per stage: the loss apart and the layers the backward
+    rebuilds; see checkpointed); keeps_outputs: the last stage's outputs stay to the end, where they are merged
+    into one more copy."""
     held = peak = static
     graded: set[tuple[int, int]] = set()
 
@@ -109,39 +137,50 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
             if keep:
                 held += layer.stash + (layer.captured if extra else 0)
 
-    def grads(stage: int, i: int, layer: LayerMemory) -> int:
-        if not made_grads or (stage, i) in graded:
-            return 0
+    def grads(stage: int, i: int, layer: LayerMemory) -> tuple[int, int]:
+        """A layer's backward's gradients: those it leaves (made_grads: the step's first makes .grad), and those
+        it makes at once (a later one makes its gradients apart, then adds them into .grad)."""
+        first = (stage, i) not in graded
         graded.add((stage, i))
-        return layer.grads
+        kept = layer.grads if first and made_grads else 0
+        return kept, (kept if first else layer.grads)
 
     for a in acts:
         layers = stages[a.stage]
         kept = outputs[a.stage] if a.stage != last else 0
         pair = (a.stage, a.microbatch)
         recomputed = pair in redo
+        loss, again = rebuilt[a.stage] if rebuilt and recomputed else (None, layers)
         kept_input = outputs[a.stage - 1] if recomputed and a.stage > 0 else 0  # all a recomputed forward keeps
         if a.op == Op.FORWARD:
             forward(layers, pair in split, keep=not recomputed)
-            held += kept + kept_input + (outputs[last] if keeps_outputs and a.stage == last else 0)
+            if loss:  # the loss's log-softmax made beside the logits and their fp32 copy
+                peak = max(peak, held + layers[-1].forward_workspace + loss.stash)
+            held += kept + kept_input + (loss.stash if loss else 0) + \
+                (outputs[last] if keeps_outputs and a.stage == last else 0)
         elif a.op in RECOMPUTING_OPS:
             held -= kept
+            if loss:  # the loss's backward first, outside the checkpoint
+                peak = max(peak, held + loss.backward_workspace)
+                held -= loss.stash
             if recomputed:  # the forward again, its stash rebuilt in place of the input it kept
                 held -= kept_input
+                layers = again
                 forward(layers, pair in split, keep=True)
             for i in reversed(range(len(layers))):
                 layer = layers[i]
                 if a.op == Op.BACKWARD:
-                    new = grads(a.stage, i, layer)
-                    peak = max(peak, held + layer.backward_workspace + new)
+                    new, made = grads(a.stage, i, layer)
+                    peak = max(peak, held + layer.backward_workspace + made)
                     held += new - layer.stash
                 else:
                     peak = max(peak, held + layer.backward_workspace)
                     held += layer.held
         elif a.op == Op.BACKWARD_WEIGHT:  # the graph I kept goes only once every weight-grad is done
             for i, layer in enumerate(layers):
-                held += grads(a.stage, i, layer)
-                peak = max(peak, held)
+                new, made = grads(a.stage, i, layer)
+                peak = max(peak, held + made)
+                held += new
             held -= sum(layer.stash + layer.captured + layer.held for layer in layers)
         peak = max(peak, held)
     if keeps_outputs:  # the kept outputs merged into one tensor at the step's end, beside them

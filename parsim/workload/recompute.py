@@ -42,6 +42,12 @@ def check_layers(mode: str, layers: tuple[Any, ...]) -> None:
                           "profiled model's layers are timed whole, their cores not apart")
 
 
+def loss_kept_bytes_per_token(layer: Any) -> int:
+    """What a checkpointed stage still keeps of `layer` per sample: a head's loss (its fp32 log-softmax), which hw
+    computes on the checkpointed stage's output, outside the checkpoint; nothing of any other layer."""
+    return int(getattr(layer, "loss_stash_bytes_per_token", 0))
+
+
 def recomputes(mode: str, microbatch: int, microbatches: int) -> bool:
     """Whether micro-batch `microbatch` (of `microbatches`) keeps only its input and is recomputed whole."""
     return mode == "always" or (mode == "except-last" and microbatch < microbatches - 1)

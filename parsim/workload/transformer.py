@@ -342,6 +342,11 @@ class Head(_SequenceLayer):
         return self._vocab_bytes(0, 1)
 
     @property
+    def loss_stash_bytes_per_token(self) -> int:
+        """What the loss keeps (its fp32 log-softmax): outside a checkpoint of the stage (parsim.workload.recompute)."""
+        return self._vocab_bytes(0, 1)
+
+    @property
     def _upcast(self) -> int:
         return 1 if self.shape.acc_bytes > self.shape.dtype_bytes else 0
 
