@@ -25,16 +25,7 @@ from parsim.runtimes.eager import EAGER
 from parsim.schedules import SCHEDULES, VIRTUAL, schedule_name
 from parsim.sim.machine import gc_paused
 from parsim.sim.predict import Prediction, Simulation
-from parsim.workload import (
-    OPTIMIZERS,
-    PARTITIONS,
-    PRESETS,
-    Model,
-    conv_model,
-    mlp_model,
-    model_from_spec,
-    named_model,
-)
+from parsim.workload import PARTITIONS, PRESETS, Model, conv_model, mlp_model
 from parsim.workload.recompute import MODES
 from parsim.workload.tensor_parallel import DEGREES
 
@@ -132,6 +123,8 @@ def model_from_args(args: argparse.Namespace) -> Model:
         given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
         if given:
             raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
+        from parsim.workload.configs import named_model  # here: the configs and files it reads are --model's only
+
         return named_model(args.model, args.seq_len, args.global_batch)
     if args.seq_len is not None or args.global_batch is not None:
         raise ParsimError("--seq-len and --global-batch go with a transformer --model (a config or a preset)")
@@ -213,6 +206,8 @@ def add_sweep_flags(s: argparse.ArgumentParser) -> None:
 
 def add_plan_flags(pl: argparse.ArgumentParser) -> None:
     """`plan`'s flags."""
+    from parsim.workload.memory import OPTIMIZERS  # here, as in _plan: what memory holds is plan's question
+
     pl.add_argument("--gpus", type=_positive_int, default=4)
     pl.add_argument("--memory-limit", type=flags.number(0, 1e9), metavar="GB",
                     help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
@@ -368,6 +363,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int:
     from parsim.plan import default_jobs, search
+    from parsim.workload.memory import OPTIMIZERS
 
     profile, model = profile_from_args(args), model_from_args(args)
     limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
@@ -469,6 +465,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _overlay(args: argparse.Namespace, outputs: Outputs, path: Path) -> None:
     """Simulate --point with the profile and draw it under the profiled --timeline, as the PNG at `path`."""
     from parsim.outputs.overlay import overlay_png
+    from parsim.workload.configs import model_from_spec
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")

@@ -12,8 +12,7 @@ from dataclasses import replace
 
 from parsim.errors import ProfileError, ScheduleError
 from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts, correction_at
-from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
-from parsim.schedules.from_torch import TORCH_PREFIX
+from parsim.schedules import SPLITS_BACKWARD, TORCH_PREFIX, Schedule, placement
 
 
 class Runtime(ABC):

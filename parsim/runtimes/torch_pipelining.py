@@ -30,6 +30,7 @@ from parsim.runtimes.base import Runtime
 from parsim.schedules import (
     COMPUTE_OPS,
     PAIRED_RECV,
+    TORCH_PREFIX,
     Action,
     CommPlan,
     Op,
@@ -43,7 +44,6 @@ from parsim.schedules import (
     v_stage_to_rank,
     zbv,
 )
-from parsim.schedules.from_torch import TORCH_PREFIX
 
 TORCH_VERSION = "2.11"
 CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "looped-bfs": "LoopedBFS",

@@ -34,6 +34,7 @@ ALL_OPS = COMPUTE_OPS | COMM_OPS
 
 NEIGHBOUR = {Op.SEND_F: 1, Op.RECV_F: -1, Op.SEND_B: -1, Op.RECV_B: 1}  # peer stage offset
 PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive's op, stage offset
+TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule (parsim.schedules.from_torch)
 
 
 class Action(NamedTuple):

@@ -6,10 +6,15 @@ checked on hardware; `conv_model` is the ResNet-like conv net it also runs (`--c
 
 layers.py: the MLP and conv layer kinds; transformer.py: the transformer's; models.py: models, their specs
 and files; configs.py: Hugging Face configs and presets; partition.py: splits into stages; costs.py: what
-layers and stages cost, and the split balanced by those costs; memory.py: what a GPU holds.
+layers and stages cost, and the split balanced by those costs; memory.py: what a GPU holds. configs.py and
+memory.py load when one of their names is first read, so that `predict`, which needs neither, starts sooner.
 """
 
-from parsim.workload.configs import PRESETS, config_model, load_model, model_from_spec, named_model, preset_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from parsim.workload.costs import (
     OPS,
     PARTITIONS,
@@ -27,11 +32,11 @@ from parsim.workload.costs import (
     stand_ins,
 )
 from parsim.workload.layers import KINDS, Kind, Layer, Part
-from parsim.workload.memory import OPTIMIZERS, peak_bytes, rank_peak_bytes
 from parsim.workload.models import (
     CONV_DEFAULTS,
     MODEL_FILE,
     MODEL_SPECS,
+    PRESETS,
     Model,
     check_balance,
     conv_model,
@@ -43,6 +48,10 @@ from parsim.workload.models import (
 from parsim.workload.partition import check_stages, partition, partition_by_time, stage_layers
 from parsim.workload.transformer import Decoder, Embedding, Head, TransformerShape, transformer_layers
 
+if TYPE_CHECKING:
+    from parsim.workload.configs import config_model, load_model, model_from_spec, named_model, preset_model
+    from parsim.workload.memory import OPTIMIZERS, peak_bytes, rank_peak_bytes
+
 __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "Layer", "LayerTime", "MODEL_FILE",
            "MODEL_SPECS", "Model", "OPS", "OPTIMIZERS", "PARTITIONS", "PRESETS", "Part", "StageCost",
            "TransformerShape", "Work", "check_balance", "check_stages", "config_model", "conv_model",
@@ -50,3 +59,14 @@ __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "Head", "KINDS", "Kind", "La
            "model_from_spec", "model_label", "model_spec", "named_model", "part_costs", "partition", "stand_ins",
            "partition_by_time", "partitioned", "peak_bytes", "poor_fits", "preset_model",
            "rank_peak_bytes", "stage_costs", "stage_layers", "transformer_layers", "transformer_model"]
+
+_LAZY = {"config_model": "configs", "load_model": "configs", "model_from_spec": "configs", "named_model": "configs",
+         "preset_model": "configs", "OPTIMIZERS": "memory", "peak_bytes": "memory",
+         "rank_peak_bytes": "memory"}  # name -> the module that defines it, loaded when the name is first read
+
+
+def __getattr__(name: str) -> Any:
+    """configs.py's and memory.py's names, from their modules when first read (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
