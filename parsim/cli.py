@@ -23,7 +23,7 @@ from parsim.progress import Progress
 from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
 from parsim.schedules import SCHEDULES, VIRTUAL, schedule_name
-from parsim.sim.machine import gc_paused
+from parsim.sim.collector import gc_paused
 from parsim.sim.predict import Prediction, Simulation
 from parsim.workload import PARTITIONS, PRESETS, Model, conv_model, mlp_model
 from parsim.workload.recompute import MODES

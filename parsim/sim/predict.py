@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ParsimError, ProfileError
@@ -14,10 +15,10 @@ from parsim.runtimes import get_runtime
 from parsim.runtimes.base import Runtime
 from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
 from parsim.sim.check import check_channel_order, check_layout, validate
+from parsim.sim.collector import gc_paused
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import Settled, replicas_alike, settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, lower, peak_held_bytes
-from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import (
     EarlyWaits,
     Observed,
@@ -32,6 +33,9 @@ from parsim.sim.slowest import at_slowest_pace
 from parsim.workload import Model, StageCost, check_stages, microbatch_tokens, poor_fits, stage_costs, stand_ins
 from parsim.workload.tensor_parallel import NONE, TensorParallel, split_model, whole_nodes
 from parsim.workload.timed import priced, timed_elsewhere
+
+if TYPE_CHECKING:  # the machine model loads where a step is lowered onto it (lowered_machine): the walk needs none
+    from parsim.sim.machine import HostThread, Machine, Task
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,8 @@ def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
     first replica's op table. `walked`: the replicas lowered (default all; 1 where the first stands for alike
     ones, parsim.sim.longest_path.replicas_alike)."""
+    from parsim.sim.machine import Machine
+
     with gc_paused():
         machine = Machine()
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower,
