@@ -24,6 +24,7 @@ from parsim.schedules.actions import (
     Op,
     Schedule,
     act,
+    check_layout,
     paired_recv,
     place_messages,
     receives_at_use,
@@ -46,7 +47,7 @@ from parsim.schedules.generators import (
 
 __all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SCHEDULES", "SPLITS_BACKWARD",
            "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
-           "dualpipev", "dualpipev_orders", "gpipe", "interleaved_1f1b", "interleaved_orders",
+           "check_layout", "dualpipev", "dualpipev_orders", "gpipe", "interleaved_1f1b", "interleaved_orders",
            "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
            "receives_at_use", "schedule_name", "v_stage_to_rank", "valid_as_built", "with_messages", "zb_h1", "zbv"]
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from parsim.errors import ScheduleError
+
 
 class Op:
     """What an action does: plain strings, so actions hash fast and read as torch's do.
@@ -109,6 +111,18 @@ class Schedule:
         return "\n".join(
             f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.actions)
         )
+
+
+def check_layout(schedule: Schedule) -> None:
+    """Its sizes, and each stage on a rank that exists: what a walk over its actions (or validate) relies on."""
+    s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    if s < 1 or m < 1 or p < 1:
+        raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
+    if len(schedule.stage_to_rank) != s:
+        raise ScheduleError(f"{schedule.name}: stage_to_rank has {len(schedule.stage_to_rank)} "
+                            f"entries for {s} stages")
+    if any(not 0 <= r < p for r in schedule.stage_to_rank):
+        raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
 
 
 def receives_at_use(schedule: Schedule) -> Schedule:

@@ -13,8 +13,7 @@ from parsim.errors import ParsimError, ProfileError
 from parsim.profile import Profile
 from parsim.runtimes import get_runtime
 from parsim.runtimes.base import Runtime
-from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
-from parsim.sim.check import check_channel_order, check_layout, validate
+from parsim.schedules import SCHEDULES, Action, Schedule, check_layout, gpipe
 from parsim.sim.collector import gc_paused
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import Settled, replicas_alike, settle_step
@@ -143,9 +142,14 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
             raise
 
 
-def _validate(schedule: Schedule, copy_streams: bool) -> None:
-    """check.validate as simulate needs it: deadlocks and channel order are found by the simulation itself."""
+def _validate(schedule: Schedule, copy_streams: bool, order: bool = False) -> None:
+    """check.validate as simulate needs it: deadlocks are found by the simulation itself, and channel order too unless
+    `order` (checked after the rest). Loaded here: a step the walk vouches for needs no check."""
+    from parsim.sim.check import check_channel_order, validate
+
     validate(schedule, copy_streams, check_deadlock=False, check_order=False)
+    if order:
+        check_channel_order(schedule)
 
 
 def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool, data_parallel: int,
@@ -167,8 +171,7 @@ def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, cop
     rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
     early = early_receives(schedule) if rate < 1 else None
     if early:
-        _validate(schedule, copy_streams)
-        check_channel_order(schedule)
+        _validate(schedule, copy_streams, order=True)
         walked = _settle_sharing_walked(schedule, costs, profile, copy_streams, data_parallel, buckets, early,
                                         rate, give_up, recompute) if engine != "events" else None
         if walked is not None:
@@ -184,8 +187,7 @@ def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, cop
                           check=True) if engine != "events" else None
     if settled is not None:
         return Simulation(settled.step_time_s, settled.busy_s, run_machine)
-    _validate(schedule, copy_streams)
-    check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
+    _validate(schedule, copy_streams, order=True)  # the walk may have stopped at messages out of order: named here
     if engine == "longest-path":
         raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
     return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
