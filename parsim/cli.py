@@ -22,20 +22,10 @@ from parsim.profile import Profile, load_profile
 from parsim.progress import Progress
 from parsim.runtimes import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime, runtime_help, runtime_name
 from parsim.runtimes.eager import EAGER
-from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
 from parsim.schedules import SCHEDULES, VIRTUAL, schedule_name
-from parsim.sim.machine import gc_paused
+from parsim.sim.collector import gc_paused
 from parsim.sim.predict import Prediction, Simulation
-from parsim.workload import (
-    OPTIMIZERS,
-    PARTITIONS,
-    PRESETS,
-    Model,
-    conv_model,
-    mlp_model,
-    model_from_spec,
-    named_model,
-)
+from parsim.workload import PARTITIONS, PRESETS, Model, conv_model, mlp_model
 from parsim.workload.recompute import MODES
 from parsim.workload.tensor_parallel import DEGREES
 
@@ -135,6 +125,8 @@ def model_from_args(args: argparse.Namespace) -> Model:
         given = mlp_flags + (["--conv"] if args.conv else []) + (["--images"] if args.images else [])
         if given:
             raise ParsimError(f"--model FILE describes the whole model: drop {', '.join(given)}")
+        from parsim.workload.configs import named_model  # here: the configs and files it reads are --model's only
+
         return named_model(args.model, args.seq_len, args.global_batch)
     if args.seq_len is not None or args.global_batch is not None:
         raise ParsimError("--seq-len and --global-batch go with a transformer --model (a config or a preset)")
@@ -171,15 +163,20 @@ QUESTIONS = {  # each command's --help opens with what it answers
 }
 
 
-def _command(sub: argparse._SubParsersAction[OneLineErrors], name: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every subcommand with its flags, or with `command` only that one's flags (the
+    others are listed, flagless), so that a command neither builds nor imports what the others' flags need."""
     parser = OneLineErrors(prog="python -m parsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
+    for name, add_flags in FLAGS.items():
+        p = sub.add_parser(name, help=QUESTIONS[name], description=QUESTIONS[name])
+        if command in (None, name):
+            add_flags(p)
+    return parser
 
-    p = _command(sub, "predict")
+
+def add_predict_flags(p: argparse.ArgumentParser) -> None:
+    """`predict`'s flags."""
     p.add_argument("--schedule", type=schedule_name, default="1f1b", metavar="NAME",
                    help=f"{', '.join(sorted(SCHEDULES))}, torch:CLASS or a torch schedule CSV (default 1f1b)")
     p.add_argument("--gpus", type=_positive_int, default=4, help="GPUs in all (default 4)")
@@ -195,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the timeline as a Chrome/Perfetto trace (JSON)")
     p.add_argument("--plot", type=flags.path, metavar="FILE", help="write the timeline as a Gantt chart (PNG)")
 
-    s = _command(sub, "sweep")
+
+def add_sweep_flags(s: argparse.ArgumentParser) -> None:
+    """`sweep`'s flags."""
     s.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
     s.add_argument("--gpus", type=_positive_int, default=4)
     s.add_argument("--data-parallel", type=_positive_int, default=1, metavar="D")
@@ -206,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(s)
     s.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
-    pl = _command(sub, "plan")
+
+def add_plan_flags(pl: argparse.ArgumentParser) -> None:
+    """`plan`'s flags."""
+    from parsim.workload.memory import OPTIMIZERS  # here, as in _plan: what memory holds is plan's question
+
     pl.add_argument("--gpus", type=_positive_int, default=4)
     pl.add_argument("--memory-limit", type=flags.number(0, 1e9), metavar="GB",
                     help="GPU memory per device, in GB (10^9 bytes; default: the profile's GPU's, where it has it)")
@@ -226,13 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_tensor_parallel_args(pl, many=True)
     _add_model_args(pl, balance=False, runtime=None, recompute=False)  # its own --recompute, above
 
-    sc = _command(sub, "scenario")
+
+def add_scenario_flags(sc: argparse.ArgumentParser) -> None:
+    """`scenario`'s name and flags."""
+    from parsim.scenarios import SCENARIOS  # here: it imports every scenario's setup, which no other command needs
+
     sc.add_argument("name", choices=sorted(SCENARIOS))
     sc.add_argument("--profile", type=flags.path, metavar="FILE", help="hardware profile (default: the shipped one)")
     add_runtime_arg(sc)
     sc.add_argument("--json", action="store_true")
 
-    c = _command(sub, "compare")
+
+def add_compare_flags(c: argparse.ArgumentParser) -> None:
+    """`compare`'s flags."""
     c.add_argument("--measured", type=flags.path, metavar="CSV", help="results written by `python -m hw validate`")
     c.add_argument("--out", type=flags.path, metavar="DIR",
                    help="folder for the plots, made if missing (default: the current folder)")
@@ -245,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--point", metavar="SCHEDULE,GPUS,M,SPEC", help="the measured point of --timeline, e.g. "
                    "1f1b,2,8,16x2048x8192 or gpipe,2,8,conv:256 (SPEC as in `hw validate --models`)")
     c.add_argument("--gpu", type=flags.whole(0), default=0, help="the rank the trace is of (default 0)")
-    return parser
+
+
+FLAGS = {"predict": add_predict_flags, "sweep": add_sweep_flags, "plan": add_plan_flags,
+         "scenario": add_scenario_flags, "compare": add_compare_flags}  # each command's, in --help's order
 
 
 def _predict(args: argparse.Namespace, profile: Profile, model: Model, schedule: str,
@@ -354,6 +366,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int:
     from parsim.plan import default_jobs, search
+    from parsim.workload.memory import OPTIMIZERS
 
     profile, model = profile_from_args(args), model_from_args(args)
     limit = args.memory_limit * 1e9 if args.memory_limit else profile.gpu_memory_bytes
@@ -403,6 +416,8 @@ def _plan(args: argparse.Namespace, outputs: Outputs, trace: Path | None) -> int
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:
+    from parsim.scenarios import PIPELINE_SCENARIOS, SCENARIOS, predict_pipeline_scenario
+
     runtime = get_runtime(args.runtime)
     if args.name in PIPELINE_SCENARIOS:
         result = predict_pipeline_scenario(PIPELINE_SCENARIOS[args.name], load_profile(args.profile), runtime)
@@ -453,6 +468,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _overlay(args: argparse.Namespace, outputs: Outputs, path: Path) -> None:
     """Simulate --point with the profile and draw it under the profiled --timeline, as the PNG at `path`."""
     from parsim.outputs.overlay import overlay_png
+    from parsim.workload.configs import model_from_spec
 
     try:
         schedule, gpus, m, spec = (args.point or "").split(",")
@@ -523,5 +539,6 @@ def _drop_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     return run_command(COMMANDS[args.command], args)

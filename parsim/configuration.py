@@ -13,7 +13,6 @@ from parsim.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime
 from parsim.schedules import Schedule
 from parsim.sim.predict import Prediction, Simulation, check_sizes, predict_schedule
 from parsim.workload import Model, check_balance, microbatch_tokens, partitioned, stage_layers
-from parsim.workload.graph_memory import check_no_recompute
 from parsim.workload.recompute import check_layers, check_mode
 from parsim.workload.tensor_parallel import RUNTIMES as TP_RUNTIMES
 from parsim.workload.tensor_parallel import TensorParallel, check_tensor_parallel, split_model, tp_view
@@ -117,6 +116,8 @@ def check(config: Configuration) -> None:
                           microbatch_tokens(config.model, config.microbatches, config.data_parallel))
     check_layers(check_mode(config.recompute), config.model.layers)
     if get_runtime(config.runtime).graphed:
+        from parsim.workload.graph_memory import check_no_recompute
+
         check_no_recompute(config.recompute)
 
 

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -60,6 +59,8 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
 
 def _temporary(p: Path) -> tuple[int, str]:
     """An open temporary file beside `p`, with the mode a new file gets under the user's umask (not mkstemp's 0600)."""
+    import tempfile  # here: a command that writes no file starts sooner without it
+
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())

@@ -7,14 +7,13 @@ them: a FIFO, a device (/dev/zero) or a folder is refused before it is opened fo
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math
 import os
+import pkgutil
 import re
 import stat
-import zlib
 from itertools import accumulate
 from typing import Any
 
@@ -90,6 +89,9 @@ def decode(data: bytes, what: str, error: type[ParsimError] = ParsimError) -> st
 
 def gunzip(data: bytes, what: str, error: type[ParsimError] = ParsimError, limit: int = MAX_FILE_BYTES) -> bytes:
     """gzip-compressed bytes unpacked, at most `limit` of them (a small file may unpack to gigabytes)."""
+    import gzip  # here: most commands read no gzip file, and start sooner without it
+    import zlib
+
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
             out = f.read(limit + 1)
@@ -128,6 +130,14 @@ def parse_json(text: str, what: str, error: type[ParsimError] = ParsimError, hin
         raise error(f"{what} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}){hint}") from None
     except ValueError as e:  # an integer of more digits than Python converts
         raise error(f"{what} is not valid JSON ({e}){hint}") from None
+
+
+def shipped_text(package: str, name: str) -> str:
+    """A file shipped in `package` (`name` may hold /), read by the package's loader: as importlib.resources reads it,
+    without importing that (and zipfile and tempfile), which would cost every command's start-up milliseconds."""
+    data = pkgutil.get_data(package, name)
+    assert data is not None, f"{package} is a package, with a loader that reads files"
+    return data.decode()
 
 
 def load_json(path: str | os.PathLike[str], what: str, error: type[ParsimError] = ParsimError, hint: str = "") -> Any:

@@ -3,7 +3,6 @@ remove its temporary files, and it exits with 128 + the signal's number, as a sh
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -79,6 +78,8 @@ def die_with_parent(parent_pid: int) -> None:
     start their processes from the main thread, whose end is the process's.
     """
     if sys.platform.startswith("linux"):
+        import ctypes  # here: only the processes parsim and hw start load it
+
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             _poll_parent(parent_pid)

@@ -10,13 +10,12 @@ import math
 import os
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from parsim.errors import ProfileError
 from parsim.files import Outputs, json_text, nonfinite_to_null
-from parsim.inputs import flag, load_json, number, parse_json, text_field, whole
+from parsim.inputs import flag, load_json, number, parse_json, shipped_text, text_field, whole
 
 SCHEMA = "parsim.profile"
 VERSION = 1
@@ -584,7 +583,7 @@ def _cpu(doc: dict[str, Any], where: str) -> CpuCosts:
 def load_profile(path: str | os.PathLike[str] | None = None) -> Profile:
     """Read and check a profile file; None reads the package's shipped default."""
     if path is None:
-        text = resources.files("parsim.profiles").joinpath("default.json").read_text()
+        text = shipped_text("parsim.profiles", "default.json")
         return from_json(parse_json(text, "default profile", ProfileError), "default profile")
     doc = load_json(path, "profile", ProfileError, hint="; it may be truncated")
     return from_json(doc, f"profile {Path(path)}")

@@ -17,7 +17,8 @@ from torch import nn
 
 from hw.nets.transformer import lm_loss
 from parsim.errors import ModelError
-from parsim.workload.configs import PRESETS, preset_config
+from parsim.workload.configs import preset_config
+from parsim.workload.models import PRESETS
 from parsim.workload.timed import Source
 
 SPECS = ("hf:PRESET_OR_CONFIG.json (a Hugging Face causal LM; presets: " + ", ".join(PRESETS) + "), "

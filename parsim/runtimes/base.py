@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from parsim.errors import ProfileError, ScheduleError
 from parsim.profile import ACCUMULATE, KernelCost, LayerCosts, OpCost, Profile, RuntimeCosts, correction_at
-from parsim.schedules import SPLITS_BACKWARD, Schedule, placement
-from parsim.schedules.from_torch import TORCH_PREFIX
-from parsim.workload import Model, graphed_peak_bytes, peak_bytes
+from parsim.schedules import SPLITS_BACKWARD, TORCH_PREFIX, Schedule, placement
+
+if TYPE_CHECKING:
+    from parsim.workload import Model
 
 
 class Runtime(ABC):
@@ -56,7 +58,11 @@ class Runtime(ABC):
         walk (its last stage's outputs kept where it keeps them), or a graphed runtime's
         (parsim.workload.graph_memory)."""
         if self.graphed:
+            from parsim.workload.graph_memory import graphed_peak_bytes
+
             return graphed_peak_bytes(model, schedule, data_parallel, optimizer, recompute)
+        from parsim.workload.memory import peak_bytes
+
         return peak_bytes(model, schedule, data_parallel, optimizer, recompute, self.keeps_outputs)
 
     def costs(self, profile: Profile) -> Profile:

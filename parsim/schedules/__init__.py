@@ -1,7 +1,8 @@
 """Pipeline schedules as data: per-rank ordered lists of actions, by name.
 
 `build` is the one door: a registered generator (parsim.schedules.generators), or a schedule
-imported from torch.distributed.pipelining (parsim.schedules.from_torch: `torch:CLASS` or a CSV).
+imported from torch.distributed.pipelining (parsim.schedules.from_torch: `torch:CLASS` or a CSV; loaded when
+first asked for).
 The generators and the importer depend on parsim.schedules.actions only.
 """
 
@@ -11,25 +12,25 @@ import argparse
 from collections.abc import Callable
 
 from parsim.errors import ScheduleError
-from parsim.schedules import from_torch
 from parsim.schedules.actions import (
     ALL_OPS,
     COMM_OPS,
     COMPUTE_OPS,
     NEIGHBOUR,
     PAIRED_RECV,
+    TORCH_PREFIX,
     Action,
     CommPlan,
     Op,
     Schedule,
     act,
+    check_layout,
     paired_recv,
     place_messages,
     receives_at_use,
     valid_as_built,
     with_messages,
 )
-from parsim.schedules.from_torch import TORCH_PREFIX
 from parsim.schedules.generators import (
     dualpipev,
     dualpipev_orders,
@@ -46,7 +47,7 @@ from parsim.schedules.generators import (
 
 __all__ = ["ALL_OPS", "COMM_OPS", "COMPUTE_OPS", "NEIGHBOUR", "PAIRED_RECV", "SCHEDULES", "SPLITS_BACKWARD",
            "TORCH_PREFIX", "VIRTUAL", "V_SHAPED", "Action", "CommPlan", "Op", "Schedule", "act", "build",
-           "dualpipev", "dualpipev_orders", "from_torch", "gpipe", "interleaved_1f1b", "interleaved_orders",
+           "check_layout", "dualpipev", "dualpipev_orders", "gpipe", "interleaved_1f1b", "interleaved_orders",
            "interleaved_zb", "looped_bfs", "one_f_one_b", "paired_recv", "place_messages", "placement",
            "receives_at_use", "schedule_name", "v_stage_to_rank", "valid_as_built", "with_messages", "zb_h1", "zbv"]
 
@@ -96,6 +97,8 @@ def build(name: str, num_ranks: int, num_microbatches: int, virtual_stages: int 
     Generators are checked by the tests; simulate validates whatever it is given.
     """
     if _imported(name):
+        from parsim.schedules import from_torch  # here: only an imported schedule needs its parser
+
         if name.startswith(TORCH_PREFIX):
             return from_torch.from_torch(name.removeprefix(TORCH_PREFIX), num_ranks, num_microbatches,
                                               virtual_stages)

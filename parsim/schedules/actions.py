@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from parsim.errors import ScheduleError
+
 
 class Op:
     """What an action does: plain strings, so actions hash fast and read as torch's do.
@@ -34,6 +36,7 @@ ALL_OPS = COMPUTE_OPS | COMM_OPS
 
 NEIGHBOUR = {Op.SEND_F: 1, Op.RECV_F: -1, Op.SEND_B: -1, Op.RECV_B: 1}  # peer stage offset
 PAIRED_RECV = {Op.SEND_F: (Op.RECV_F, 1), Op.SEND_B: (Op.RECV_B, -1)}  # send -> its receive's op, stage offset
+TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule (parsim.schedules.from_torch)
 
 
 class Action(NamedTuple):
@@ -108,6 +111,18 @@ class Schedule:
         return "\n".join(
             f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.actions)
         )
+
+
+def check_layout(schedule: Schedule) -> None:
+    """Its sizes, and each stage on a rank that exists: what a walk over its actions (or validate) relies on."""
+    s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    if s < 1 or m < 1 or p < 1:
+        raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
+    if len(schedule.stage_to_rank) != s:
+        raise ScheduleError(f"{schedule.name}: stage_to_rank has {len(schedule.stage_to_rank)} "
+                            f"entries for {s} stages")
+    if any(not 0 <= r < p for r in schedule.stage_to_rank):
+        raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
 
 
 def receives_at_use(schedule: Schedule) -> Schedule:

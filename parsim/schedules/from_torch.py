@@ -17,9 +17,7 @@ from pathlib import Path
 
 from parsim.errors import ScheduleError
 from parsim.inputs import read_text
-from parsim.schedules.actions import COMM_OPS, COMPUTE_OPS, Action, Schedule, act, place_messages
-
-TORCH_PREFIX = "torch:"  # `torch:CLASS` names a torch.distributed.pipelining schedule
+from parsim.schedules.actions import COMM_OPS, COMPUTE_OPS, TORCH_PREFIX, Action, Schedule, act, place_messages
 
 IGNORED = frozenset({"UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _ACTION = re.compile(r"^(\d{1,9})([A-Z_]+?)(\d{0,9})$")  # a stage or micro-batch past 10^9 is no schedule

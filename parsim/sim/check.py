@@ -6,7 +6,7 @@ from collections import Counter, defaultdict, deque
 from operator import itemgetter
 
 from parsim.errors import ScheduleError
-from parsim.schedules import ALL_OPS, COMPUTE_OPS, NEIGHBOUR, Action, Op, Schedule, act
+from parsim.schedules import ALL_OPS, COMPUTE_OPS, NEIGHBOUR, Action, Op, Schedule, act, check_layout
 from parsim.sim.dataflow import issue_waits, transfers
 
 
@@ -30,18 +30,6 @@ def validate(schedule: Schedule, copy_streams: bool = False, check_deadlock: boo
 
 
 _OP_STAGE, _MICROBATCH, _RECV = itemgetter(0, 1), itemgetter(2), itemgetter(1)  # of an Action; _RECV of a Transfer
-
-
-def check_layout(schedule: Schedule) -> None:
-    """Its sizes, and each stage on a rank that exists: what a walk over its actions (or validate) relies on."""
-    s, m, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
-    if s < 1 or m < 1 or p < 1:
-        raise ScheduleError(f"{schedule.name}: needs >= 1 stage, micro-batch and rank")
-    if len(schedule.stage_to_rank) != s:
-        raise ScheduleError(f"{schedule.name}: stage_to_rank has {len(schedule.stage_to_rank)} "
-                            f"entries for {s} stages")
-    if any(not 0 <= r < p for r in schedule.stage_to_rank):
-        raise ScheduleError(f"{schedule.name}: stage_to_rank names a rank outside 0..{p - 1}")
 
 
 def _check_shape(schedule: Schedule) -> Counter[tuple[str, int]]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from parsim.errors import ProfileError
 from parsim.profile import CollectiveSpec, Profile
 from parsim.schedules import Schedule
 from parsim.sim.lower import Lowered, compute_track
-from parsim.sim.machine import Launch, Machine
 from parsim.workload import StageCost
+
+if TYPE_CHECKING:
+    from parsim.sim.machine import Machine
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
 
@@ -43,6 +46,8 @@ def add_gradient_allreduce(machine: Machine, schedule: Schedule, costs: list[Sta
                            replicas: list[Lowered], buckets: dict[int, int], data_parallel: int | None = None) -> None:
     """Append each stage's bucketed all-reduce to every replica's host program: the `data_parallel` replicas' (all
     of `replicas` by default), of which those lowered are `replicas` (the first, where it stands for alike ones)."""
+    from parsim.sim.machine import Launch  # here: the longest-path walk reads allreduce_spec without the machine
+
     dp, pp = data_parallel or len(replicas), schedule.num_ranks
     hosts = {h.name: h for h in machine.hosts}
     for stage in reversed(range(schedule.num_stages)):  # backward reaches the last stages first

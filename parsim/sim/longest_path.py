@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from operator import itemgetter, length_hint
 from typing import Any
 
@@ -633,8 +634,8 @@ def _rank_blocks(views: list[dict[str, dict[int, Entry | None]]]) -> list[Blocks
 def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> Blocks | None:
     """A rank's program under a schedule valid as built, as blocks: its one stage, the block length (a compute with
     the receive before it and the send after it, where its neighbour is on another rank; alike for forwards and
-    backwards) and, by a block's first op, its (receive's entry or None, computes' entries, send's entry or None);
-    None where the rank does not have one stage or its blocks differ in length."""
+    backwards) and, by a block's first op, its (receive or None, computes' entries, send or None), each message as
+    _walked_fields has it; None where the rank does not have one stage or its blocks differ in length."""
     if len(table[Op.FORWARD]) != 1:
         return None
     (s,) = table[Op.FORWARD]
@@ -643,12 +644,19 @@ def _built_blocks(table: dict[str, dict[int, Entry | None]]) -> Blocks | None:
     if (recv_f is None) != (send_b is None) or (send_f is None) != (recv_b is None):
         return None
     forwards, backwards = table[Op.FORWARD], table[Op.BACKWARD]
+    recv_f, send_f, recv_b, send_b = map(_walked_fields, (recv_f, send_f, recv_b, send_b))
     heads: dict[str, tuple[Any, ...]] = {Op.FORWARD: (None, forwards, send_f), Op.BACKWARD: (None, backwards, send_b)}
     if recv_f is not None:
         heads[Op.RECV_F] = (recv_f, forwards, send_f)
     if recv_b is not None:
         heads[Op.RECV_B] = (recv_b, backwards, send_b)
     return s, 1 + (recv_f is not None) + (send_f is not None), heads
+
+
+def _walked_fields(entry: Entry | None) -> tuple[Any, ...] | None:
+    """A message's entry (_message_table) as _walk_built reads it: the send's row of first issues, the send's row,
+    the receive's row, the channel, the message's seconds and the row of first issuers' stream ends."""
+    return None if entry is None else (entry[1], entry[2], entry[3], entry[4], entry[5], entry[8])
 
 
 def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]],
@@ -661,11 +669,12 @@ def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
     s, length, heads = blocks
     t, free, busy = host.t, 0.0, 0.0
     extend, flt = work.extend, float
-    for block in zip(*[acts] * length, strict=True):  # a program not in whole blocks raises
-        recv, computes, send = heads[block[0][0]]
-        i = block[0][2]
+    if length_hint(acts) % length:  # `acts` is a program's iterator, which knows what is left of it
+        raise ValueError("the program is not in whole blocks")
+    for kind, _, i in islice(acts, 0, None, length):  # each block's first action names it (the rest are as built)
+        recv, computes, send = heads[kind]
         if recv is not None:  # the receive: issued; settled here where the sender issued it first
-            _, first, send_row, recv_row, channel, seconds, _, _, readies = recv
+            first, send_row, recv_row, channel, seconds, readies = recv
             t += p2p_s
             avail = first[i]
             if avail is None:
@@ -734,7 +743,7 @@ def _walk_built(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]
             if waiters is not None:
                 extend(waiters)
         if send is not None:  # the send: as the receive, its stream's end being the compute's
-            _, first, send_row, recv_row, channel, seconds, _, _, readies = send
+            first, send_row, recv_row, channel, seconds, readies = send
             t += p2p_s
             avail = first[i]
             if avail is None:

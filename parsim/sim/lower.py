@@ -1,16 +1,17 @@
-"""Lowers a pipeline schedule onto the machine model: host programs, GPU ops, messages on links."""
+"""Lowers a pipeline schedule onto the machine model: host programs, GPU ops, messages on links; and what each action
+costs, which the longest-path walk reads too (without the machine model, which loads where a step is lowered)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from parsim.profile import LinkSpec, Profile
 from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
 from parsim.schedules import Op as ActionOp
 from parsim.sim.dataflow import iter_wait_keys, kept, transfers
-from parsim.sim.machine import Launch, Machine, Sync, Task
 from parsim.workload import StageCost, Work, gradient_adds
 from parsim.workload.recompute import (
     RECOMPUTING_OPS,
@@ -19,6 +20,9 @@ from parsim.workload.recompute import (
     recomputes_cores,
     recomputing_actions,
 )
+
+if TYPE_CHECKING:
+    from parsim.sim.machine import Machine, Task
 
 GRADIENT_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_WEIGHT})  # those that make weight gradients
 BACKWARD_OPS = frozenset({ActionOp.BACKWARD, ActionOp.BACKWARD_INPUT, ActionOp.BACKWARD_WEIGHT})
@@ -66,7 +70,7 @@ class Chunk:
         return f"{self.action}[{self.k + 1}/{self.n}]"
 
 
-OpTable = dict[str, list[list[Task | None]]]  # table[op][stage][microbatch]: an action's op
+OpTable = dict[str, list[list["Task | None"]]]  # table[op][stage][microbatch]: an action's op
 
 
 def op_table(schedule: Schedule) -> OpTable:
@@ -138,6 +142,8 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
     """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
     return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
     each gradient action but its stage's first (`firsts`) also adds its gradients into the step's."""
+    from parsim.sim.machine import Task
+
     parts_of: dict[Action, list[Task]] = {}
     split = {a: grad_buckets.get(a.stage, 1) for a in last_gradient_actions(schedule).values()} if grad_buckets else {}
     env = machine.env
@@ -169,6 +175,8 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
                  gpu_offset: int, ops: OpTable) -> None:
     """Put each message's op on its channel's stream, in the sender's order; in `ops`, its send
     and its receive map to it."""
+    from parsim.sim.machine import Task
+
     env = machine.env
     for (src, dst), msgs in transfers(schedule).items():
         src, dst = src + gpu_offset, dst + gpu_offset
@@ -196,6 +204,8 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
     """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs, `extras`
     beside), and each op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk
     waits for them."""
+    from parsim.sim.machine import Launch
+
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
     more = comm_waits(schedule)
     new_tuple = tuple.__new__  # Launch(...) without the Python-level constructor: 400k of them
@@ -321,6 +331,8 @@ def finish_step(machine: Machine, step_s: float = 0.0, begin_s: float = 0.0) -> 
 
     A stream ends its ops in order, so waiting for the last one launched on each stream is the same.
     """
+    from parsim.sim.machine import Launch, Sync
+
     for host in machine.hosts:
         if begin_s > 0:
             host.steps.insert(0, Launch(machine.op(f"{host.name} bookkeeping", "begin", 0.0), begin_s, begin_s))

@@ -8,15 +8,14 @@ serialise on it; ops on different streams and resources overlap.
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from parsim.errors import ScheduleError
 from parsim.progress import watch as watch_progress
+from parsim.sim.collector import gc_paused as gc_paused  # its home before parsim.sim.collector
 
 if TYPE_CHECKING:  # imported where a machine is made: a step the walk settles needs no SimPy (nor its start-up)
     import simpy
@@ -234,22 +233,6 @@ class Stream:
             free_at = end
             k += 1
         self.next, self.free_at = k, free_at
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Large runs allocate millions of objects that form no cycles once the run is over: the cycle
-    collector only slows them down, while they are made and, when it is back on, by walking them all
-    at its first pass (0.3 s for 1F1B 64 x 1024). So they are frozen out of its sight; refcounting
-    still frees them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.freeze()
-            gc.enable()
 
 
 class Machine:

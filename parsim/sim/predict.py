@@ -6,18 +6,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from parsim.budget import check_actions, stages_per_rank
 from parsim.errors import ParsimError, ProfileError
 from parsim.profile import Profile
 from parsim.runtimes import get_runtime
 from parsim.runtimes.base import Runtime
-from parsim.schedules import SCHEDULES, Action, Schedule, gpipe
-from parsim.sim.check import check_channel_order, check_layout, validate
+from parsim.schedules import SCHEDULES, Action, Schedule, check_layout, gpipe
+from parsim.sim.collector import gc_paused
 from parsim.sim.grad_allreduce import add_gradient_allreduce, gradient_buckets
 from parsim.sim.longest_path import Settled, replicas_alike, settle_step
 from parsim.sim.lower import OpTable, compute_track, finish_step, kept_stash_bytes, lower, peak_held_bytes
-from parsim.sim.machine import HostThread, Machine, Task, gc_paused
 from parsim.sim.sharing import (
     EarlyWaits,
     Observed,
@@ -33,7 +33,6 @@ from parsim.workload import (
     Model,
     StageCost,
     check_stages,
-    graphed_activation_bytes,
     microbatch_tokens,
     poor_fits,
     stage_costs,
@@ -41,6 +40,9 @@ from parsim.workload import (
 )
 from parsim.workload.tensor_parallel import NONE, TensorParallel, split_model, whole_nodes
 from parsim.workload.timed import priced, timed_elsewhere
+
+if TYPE_CHECKING:  # the machine model loads where a step is lowered onto it (lowered_machine): the walk needs none
+    from parsim.sim.machine import HostThread, Machine, Task
 
 
 @dataclass(frozen=True)
@@ -148,9 +150,14 @@ def simulate(schedule: Schedule, costs: list[StageCost], profile: Profile,
             raise
 
 
-def _validate(schedule: Schedule, copy_streams: bool) -> None:
-    """check.validate as simulate needs it: deadlocks and channel order are found by the simulation itself."""
+def _validate(schedule: Schedule, copy_streams: bool, order: bool = False) -> None:
+    """check.validate as simulate needs it: deadlocks are found by the simulation itself, and channel order too unless
+    `order` (checked after the rest). Loaded here: a step the walk vouches for needs no check."""
+    from parsim.sim.check import check_channel_order, validate
+
     validate(schedule, copy_streams, check_deadlock=False, check_order=False)
+    if order:
+        check_channel_order(schedule)
 
 
 def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, copy_streams: bool, data_parallel: int,
@@ -172,8 +179,7 @@ def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, cop
     rate = profile.resident_comm.rate if profile.resident_comm is not None else 1.0
     early = early_receives(schedule) if rate < 1 else None
     if early:
-        _validate(schedule, copy_streams)
-        check_channel_order(schedule)
+        _validate(schedule, copy_streams, order=True)
         walked = _settle_sharing_walked(schedule, costs, profile, copy_streams, data_parallel, buckets, early,
                                         rate, give_up, recompute) if engine != "events" else None
         if walked is not None:
@@ -189,8 +195,7 @@ def _simulated(schedule: Schedule, costs: list[StageCost], profile: Profile, cop
                           check=True) if engine != "events" else None
     if settled is not None:
         return Simulation(settled.step_time_s, settled.busy_s, run_machine)
-    _validate(schedule, copy_streams)
-    check_channel_order(schedule)  # the walk may have stopped at messages out of order: named here
+    _validate(schedule, copy_streams, order=True)  # the walk may have stopped at messages out of order: named here
     if engine == "longest-path":
         raise ValueError("the longest-path pass does not apply to this step (a shared link, or a deadlock)")
     return _simulation(lowered(None, data_parallel // copies)[0], gpus, run_machine, copies)
@@ -257,6 +262,8 @@ def lowered_machine(schedule: Schedule, costs: list[StageCost], profile: Profile
     """The step lowered onto the event-driven machine (its computes lengthened by `slower`) and run; with the
     first replica's op table. `walked`: the replicas lowered (default all; 1 where the first stands for alike
     ones, parsim.sim.longest_path.replicas_alike)."""
+    from parsim.sim.machine import Machine
+
     with gc_paused():
         machine = Machine()
         replicas = [lower(machine, schedule, costs, profile, copy_streams, r * schedule.num_ranks, buckets, slower,
@@ -318,7 +325,9 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
         gpus = schedule.num_ranks * data_parallel
         busy = sim.busy_s
         runs = get_runtime(runtime)
-        if runs.graphed:  # the graphs' pool and static buffers (parsim.workload.graph_memory)
+        if runs.graphed:  # the graphs' pool and static buffers
+            from parsim.workload.graph_memory import graphed_activation_bytes
+
             held = graphed_activation_bytes(model, schedule, data_parallel, recompute)
         else:
             kept = [i + c.loss_bytes for i, c in zip([0, *(c.send_bytes for c in costs[:-1])], costs, strict=True)]

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import iter_wait_keys
 from parsim.sim.lower import Chunk, OpTable, comm_waits, compute_track
-from parsim.sim.machine import Machine, Task
+
+if TYPE_CHECKING:  # the machine's types only: it is the caller's, made where a step is lowered
+    from parsim.sim.machine import Machine, Task
 
 RECEIVES = frozenset(recv for recv, _ in PAIRED_RECV.values())
 CONSUMERS = {Op.RECV_F: (Op.FORWARD,), Op.RECV_B: (Op.BACKWARD, Op.BACKWARD_INPUT)}

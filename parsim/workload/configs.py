@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from parsim.errors import ModelError
-from parsim.inputs import MAX_SIZE, parse_json, shown
-from parsim.workload.models import Model, is_config, parsim_model, read_model_file, transformer_model
+from parsim.inputs import MAX_SIZE, parse_json, shipped_text, shown
+from parsim.workload.models import PRESETS, Model, is_config, parsim_model, read_model_file, transformer_model
 from parsim.workload.models import model_from_spec as _spec_model
 from parsim.workload.timed import is_profiled, profiled_layers
 from parsim.workload.transformer import VARIANTS, TransformerShape
 
-PRESETS = ("llama-3-8b", "llama-3.2-1b", "gpt-2")  # parsim/workload/presets/NAME.json
 LLAMA_ACTS = ("silu",)
 GPT_ACTS = ("gelu_new", "gelu", "gelu_pytorch_tanh")  # hw runs GELU's tanh approximation, as GPT-2 does
 UNSUPPORTED_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
@@ -87,7 +85,7 @@ def preset_config(name: str) -> dict[str, Any]:
     """A shipped config by name (see PRESETS)."""
     if name not in PRESETS:
         raise ModelError(f"no preset named {name!r}; parsim ships: {', '.join(PRESETS)}")
-    text = resources.files("parsim.workload").joinpath("presets").joinpath(f"{name}.json").read_text()
+    text = shipped_text("parsim.workload", f"presets/{name}.json")
     config: dict[str, Any] = parse_json(text, f"preset {name}", ModelError)
     return config
 

@@ -15,6 +15,8 @@ from parsim.workload.timed import describe as describe_timed
 from parsim.workload.timed import is_timed
 from parsim.workload.transformer import VARIANTS, Decoder, TransformerShape, describe, transformer_layers
 
+PRESETS = ("llama-3-8b", "llama-3.2-1b", "gpt-2")  # the shipped configs (configs.py reads presets/NAME.json)
+
 
 @dataclass(frozen=True)
 class Model:
