@@ -55,12 +55,14 @@ def test_the_releveled_profile_is_the_refit_one_with_the_gradient_add_measured_o
     assert same_up_to_rounding(made, committed) and "host.grad_add_s" in committed["meta"]["carried_from_base"]
 
 
-def test_the_shipped_profile_is_what_compose_profile_makes_of_its_four_sources(tmp_path, monkeypatch):
+def test_the_shipped_profile_is_what_compose_profile_makes_of_its_five_sources(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the command it records names its inputs from the repository's root
     _script("compose_profile").compose(Path("data/validation/h200-2026-11-24-final/profile-gradadd.json"),
                                        Path("data/calibration/h200x2-2026-11-23-shipped.json"),
                                        Path("data/interfaces/h200-2026-11-24-1/profile.json"),
-                                       Path("data/calibration/h200-2026-11-24-resident/profile.json"), tmp_path / "p.json")
+                                       Path("data/calibration/h200-2026-11-24-resident/profile.json"),
+                                       Path("data/tensor-parallel/nvidia-h200-x2-2026-11-28-b/profile.json"),
+                                       tmp_path / "p.json")
     made = json.loads((tmp_path / "p.json").read_text())
     shipped = json.loads((ROOT / "parsim/profiles/default.json").read_text())
     made["meta"].pop("composed"), shipped["meta"].pop("composed")  # it names its output's path

@@ -50,15 +50,15 @@ def test_a_slower_host_scales_timed_layers_host_costs_too():
 
 def test_torchs_last_stage_keeps_every_output_and_merges_them_at_the_end():
     """torch's PipelineStage keeps the last stage's outputs for step() to merge and return: with nothing else held,
-    the last rank's peak is what it held at most without them (its weights and gradients) plus 2 x M outputs (M
-    kept, and their merged copy)."""
+    the last rank's peak is its weights and gradients plus 2 x M outputs (M kept, and their merged copy); without
+    them, its weights and gradients and a later backward's gradients, made apart before their add."""
     layers = (timed("a", 1e-3, 1e4, out=100), timed("b", 1e-3, 1e4, out=300))
     model, m = Model(layers, 64), 8
     schedule = get_runtime("torch").build("1f1b", 2, m)
     plain = rank_peak_bytes(model, schedule, 8, "none")
     kept = rank_peak_bytes(model, schedule, 8, "none", keeps_outputs=True)
     assert kept[0] == plain[0]
-    assert plain[1] == 2 * (10 * 2) and kept[1] == plain[1] + 2 * m * 300 * 8
+    assert plain[1] == 3 * (10 * 2) and kept[1] == 2 * (10 * 2) + 2 * m * 300 * 8
 
 
 @pytest.fixture(scope="module")
