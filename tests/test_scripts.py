@@ -54,7 +54,7 @@ def test_compose_profile_carries_what_the_main_profile_lacks(tmp_path):
     from parsim.profile import load_profile
 
     shipped = REPO / "parsim/profiles/default.json"
-    line = _script("compose_profile").compose(shipped, shipped, shipped, shipped, tmp_path / "p.json")
+    line = _script("compose_profile").compose(shipped, shipped, shipped, shipped, shipped, tmp_path / "p.json")
     composed = load_profile(tmp_path / "p.json")
     assert "wrote" in line and composed.layers == load_profile(shipped).layers
 
