@@ -51,7 +51,7 @@ from hw.calibrate.links import copy_links, gpu_links
 from hw.calibrate.rank_spread import rank_spread as measure_rank_spread
 from hw.calibrate.self_check import BOUND, self_check, verdict
 from hw.calibrate.tp_collectives import tp_collectives
-from hw.calibrate.tp_host import TpHost, fit_tp_host, tp_host
+from hw.calibrate.tp_host import TpHost, tp_host
 from hw.calibrate.tp_host import describe as describe_tp_host
 from hw.run.ranks import require_gpus
 from parsim import flags
@@ -208,6 +208,7 @@ def main(args: argparse.Namespace) -> int:
             "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
             **({"fallbacks": samples["fallbacks"]} if samples["fallbacks"] else {}),
             **({"rank_spread": _spread_meta(samples["rank_spread"])} if "rank_spread" in samples else {}),
+            **({"tp_host": samples["tp_host_fit"]} if "tp_host_fit" in samples else {}),
             "carried_from_base": [n for n, link in profile.links.items() if not link.measured]
             + [n for n, c in profile.collectives.items() if not c.measured] + samples["carried"]}
     check = self_check(profile, samples["host_steps"])
@@ -235,8 +236,8 @@ def main(args: argparse.Namespace) -> int:
     if profile.host.recompute_s or profile.host.recompute_call_s:
         print(f"a recomputed micro-batch (torch.utils.checkpoint): {profile.host.recompute_call_s * 1e6:.1f} us + "
               f"{profile.host.recompute_s * 1e6:.1f} us a layer of host time")
-    if "tp_host" in samples:
-        print(describe_tp_host(fit_tp_host(samples["tp_host"])))
+    if "tp_host_fit" in samples:
+        print(describe_tp_host(TpHost(**samples["tp_host_fit"])))
     if "rank_spread" in samples:
         print(f"the slowest of {meta['rank_spread']['ranks']} ranks' host loops: "
               f"+{samples['rank_spread']['excess']:.1%} over the mean (tiny pipelines), a loop's spread "
@@ -396,6 +397,7 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         samples["gpu_links"] = dataclasses.asdict(raw)
         tp_specs, tp_fits, samples["tp_collectives"] = tp_collectives(count, cpu)
         dtensor, samples["tp_host"] = tp_host(count, cpu)
+        samples["tp_host_fit"] = dataclasses.asdict(dtensor)
         collectives |= tp_specs
         fits |= {f"link {k}": f for k, f in tp_fits.items()}
         rank_spread, samples["rank_spread"] = measure_rank_spread(count, "cpu" if cpu else "cuda",

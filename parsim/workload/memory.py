@@ -78,9 +78,10 @@ def rank_peak_bytes(model: Model, schedule: Schedule, samples: int, optimizer: s
     selective = recomputes_cores(check_mode(recompute))
     stages = [[layer_memory(model.layers[i], samples, selective) for i in ids] for ids in ids_of]
     outputs = [model.layers[ids[-1]].out_bytes_per_token * samples for ids in ids_of]
-    rebuilt = [checkpointed(stages[s], [model.layers[i] for i in ids], samples) for s, ids in enumerate(ids_of)]
     m = schedule.num_microbatches
     redo = {(s, i) for s in range(schedule.num_stages) for i in range(m) if recomputes(recompute, i, m)}
+    rebuilt = [checkpointed(stages[s], [model.layers[i] for i in ids], samples)
+               for s, ids in enumerate(ids_of)] if redo else None  # plan's screen calls this per configuration
     last = schedule.num_stages - 1
     peaks = []
     for rank, acts in enumerate(schedule.actions):

@@ -336,15 +336,15 @@ class Head(_SequenceLayer):
             self._vocab_bytes(0, 1)
 
     @property
-    def unweighted_stash_bytes_per_token(self) -> int:
-        """The part of the stash the loss keeps, which has no weights: the fp32 log-softmax (and the targets, which
-        are the batch's)."""
+    def loss_stash_bytes_per_token(self) -> int:
+        """What the loss keeps: its fp32 log-softmax (the targets are the batch's); outside a checkpoint of the
+        stage (parsim.workload.recompute)."""
         return self._vocab_bytes(0, 1)
 
     @property
-    def loss_stash_bytes_per_token(self) -> int:
-        """What the loss keeps (its fp32 log-softmax): outside a checkpoint of the stage (parsim.workload.recompute)."""
-        return self._vocab_bytes(0, 1)
+    def unweighted_stash_bytes_per_token(self) -> int:
+        """The part of the stash without weights: the loss's."""
+        return self.loss_stash_bytes_per_token
 
     @property
     def _upcast(self) -> int:
