@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from hw.calibrate.fallback import GPU_RATE_MAX, Fallback, describe, failure, fall_back, layer_fit  # noqa: E402
-from hw.calibrate.fit import Fit  # noqa: E402
+from hw.calibrate.fit import Fit, fit_affine  # noqa: E402
 from hw.calibrate.self_check import BOUND, self_check, verdict  # noqa: E402
 from parsim.configuration import Configuration, predict  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
@@ -64,6 +64,39 @@ def test_a_failed_fit_falls_back_to_its_kind_then_the_base_then_is_kept_and_name
     assert {(f.key, f.used) for f in cpu} >= {("llama", "kept")}
 
 
+def test_a_failed_fit_with_samples_is_priced_by_them_first_exact_at_each_and_linear_beyond():
+    # the embedding weight-grad of data/calibration/h200-2026-11-28-hostbound-first (R^2 0.930): time grows slower
+    # than work at small sizes, so no affine law holds; tokens as work, seconds
+    work = [1048576.0, 2097152.0, 4194304.0, 8388608.0]
+    seconds = [118.2e-6, 163.7e-6, 223.9e-6, 282.9e-6]
+    fit = fit_affine(work, seconds)
+    assert failure(fit, gpu=True) is not None
+    slow = 1.25  # an in-step slowdown applied after the fit (layers.stretched) stays applied
+    stretched = OpCost(7e-6, fit.fixed_s * slow, fit.rate / slow)
+    layers = {"embed@32000x1024": LayerCosts(stretched, stretched, stretched), "embed": _costs(1e12)}
+    out, done = fall_back(layers, {"embed@32000x1024 backward_weight": fit}, None, gpu=True)
+    assert [(f.key, f.op, f.used) for f in done] == [("embed@32000x1024", "backward_weight", "points")]
+    cost = out["embed@32000x1024"].backward_weight
+    assert cost.host_s == 7e-6 and out["embed@32000x1024"].forward == stretched
+    for w, t in zip(work, seconds):
+        assert cost.gpu_s(w) == pytest.approx(slow * t, rel=1e-12)
+    per_work = slow * (seconds[3] - seconds[2]) / (work[3] - work[2])  # beyond: the two largest samples' line
+    assert cost.gpu_s(4 * work[3]) == pytest.approx(slow * seconds[3] + per_work * 3 * work[3], rel=1e-12)
+    assert "priced by its samples" in describe(done[0])
+
+
+def test_a_failed_fit_whose_cost_follows_its_shape_keeps_those_values_and_a_falling_top_goes_through_zero():
+    fit = Fit(1e-6, 1e15, 0.5, 0.6, ((1e9, 2e-3), (2e9, 1e-3)))
+    followed = OpCost(0.0, 1e-4, 1e13, ((1e9, 0.5), (4e9, 1.5)))  # stage corrections; priced 0.055 s and 0.6 s at them
+    out, _ = fall_back({"mlp@256": LayerCosts(followed, followed, followed)}, {"forward@256": fit}, None, gpu=True)
+    cost = out["mlp@256"].forward
+    for w, _ in followed.corrections:
+        assert cost.gpu_s(w) == pytest.approx(followed.gpu_s(w), rel=1e-12)
+    falling = Fit(1e-6, 1e15, 0.5, 0.6, ((1e9, 2e-3), (2e9, 1e-3)))  # noise: the larger size timed faster
+    out, _ = fall_back({"mlp@256": _costs(falling.rate)}, {"forward@256": falling}, None, gpu=True)
+    assert out["mlp@256"].forward.fixed_s == 0 and out["mlp@256"].forward.gpu_s(4e9) == pytest.approx(2e-3)
+
+
 def test_a_prediction_says_when_it_leans_on_a_kept_poor_fit():
     profile = load_profile(None)
     kept = Fallback("forward@2048", "mlp@2048", "forward", "R^2 0.512 < 0.97", "kept")
@@ -73,6 +106,10 @@ def test_a_prediction_says_when_it_leans_on_a_kept_poor_fit():
     assert "mlp@2048 forward: a poor fit (R^2 0.512 < 0.97)" in noted
     assert "poor fit" not in predict(Configuration(mlp_model(8, 1024, 4096), "gpipe", 2, 4), leaning)[0].profile
     assert "poor fit" not in predict(Configuration(model, "gpipe", 2, 4), profile)[0].profile
+    carried = dataclasses.replace(kept, used="base")
+    leaning = dataclasses.replace(profile, meta={**profile.meta, "fallbacks": [dataclasses.asdict(carried)]})
+    assert "mlp@2048 forward: carried from another calibration" in predict(Configuration(model, "gpipe", 2, 4),
+                                                                            leaning)[0].profile
 
 
 def _rows(profile, scale: float = 1.0) -> list[dict]:

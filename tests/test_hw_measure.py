@@ -159,6 +159,17 @@ def test_measure_runs_pipeline_replicas_with_data_parallelism():
     assert [s["rank"] for s in out["per_stage"]] == [0, 1]  # replica 0's pipeline reports its stages
 
 
+def test_measure_can_skip_the_one_device_baseline_a_big_model_would_not_fit():
+    """The baseline is the whole batch in one micro-batch on one GPU: Llama 3 8B's plan picks ran out of memory there
+    on an H200 (data/recompute/plan-pick-nvidia-h200-x2-2026-11-28), so --no-baseline measures the pipeline alone."""
+    r = _measure(*TINY, "--gpus", "2", "--no-baseline", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["speedup"] is None and out["single_device_step_s"] is None and out["step_time_s"] > 0
+    text = _measure(*TINY, "--gpus", "2", "--no-baseline")
+    assert text.returncode == 0 and "no one-device baseline run" in text.stdout, text.stderr
+
+
 @contextmanager
 def _thread_named(name: str):
     """A waiting thread whose OS name (what /proc shows, as torch names its autograd workers) is `name`."""

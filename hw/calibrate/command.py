@@ -204,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
             "gpu_count": torch.cuda.device_count() if not args.cpu else 0,
-            "driver": _driver(), "fits": {k: dataclasses.asdict(f) for k, f in fits.items()},
+            "driver": _driver(), "fits": {k: f.record() for k, f in fits.items()},
             "in_step_slowdown": samples["in_step_slowdown"], "runtimes": runtime_meta,
             **({"fallbacks": samples["fallbacks"]} if samples["fallbacks"] else {}),
             **({"rank_spread": _spread_meta(samples["rank_spread"])} if "rank_spread" in samples else {}),

@@ -2,17 +2,20 @@
 contradict (issue 50: a weight-grad fit with R^2 -0.32 and 9.9e21 FLOP/s once went into a profile).
 
 A fit fails where its R^2 is under R2_MIN, its worst relative residual over WORST_MAX, or (on a GPU) its rate
-over GPU_RATE_MAX. Its op then takes, in order: its kind's op where the key is a shape ("mlp@256" -> "mlp") whose
-own fit holds; the base profile's op of the same key (carried); else it is kept, and named. The profile's meta lists
-each fallback, and `parsim predict` says when a prediction leans on a kept one (parsim.workload.costs.poor_fits).
+over GPU_RATE_MAX. Its op is then priced, in order: by its own samples (measured_points: exact at each size timed,
+the line through the two largest beyond them), which needs two sizes; by its kind's op where the key is a shape
+("mlp@256" -> "mlp") whose own fit holds; by the base profile's op of the same key (carried); else it is kept, and
+named. This machine's samples come first: a carried op is another machine's. The profile's meta lists each
+fallback, and `parsim predict` says when a prediction leans on a kept one (parsim.workload.costs.poor_fits).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from hw.calibrate.fit import Fit
-from parsim.profile import LayerCosts, Profile
+from parsim.profile import LayerCosts, OpCost, Profile
 from parsim.workload import OPS
 
 R2_MIN = 0.97
@@ -28,7 +31,7 @@ class Fallback:
     key: str  # the layer key ("mlp@256", "llama")
     op: str  # forward, backward_input or backward_weight
     reason: str
-    used: str  # "kind" (the key's kind's op), "base" (the base profile's), or "kept" (none to take)
+    used: str  # "points" (its samples), "kind" (the key's kind's op), "base" (the base profile's) or "kept"
 
 
 def failure(fit: Fit, gpu: bool) -> str | None:
@@ -65,20 +68,48 @@ def fall_back(layers: dict[str, LayerCosts], fits: dict[str, Fit], base: Profile
     out, done = dict(layers), []
     for (key, op), (name, reason) in failed.items():
         kind = key.partition("@")[0]
-        if kind != key and kind in layers and (kind, op) not in failed:
-            source, used = layers[kind], "kind"
+        own = measured_points(getattr(layers[key], op), fits[name])
+        if own is not None:
+            cost, used = own, "points"
+        elif kind != key and kind in layers and (kind, op) not in failed:
+            cost, used = getattr(layers[kind], op), "kind"
         elif base is not None and key in base.layers:
-            source, used = base.layers[key], "base"
+            cost, used = getattr(base.layers[key], op), "base"
         else:
             done.append(Fallback(name, key, op, reason, "kept"))
             continue
-        out[key] = dataclasses.replace(out[key], **{op: getattr(source, op)})
+        out[key] = dataclasses.replace(out[key], **{op: cost})
         done.append(Fallback(name, key, op, reason, used))
     return out, done
 
 
+def measured_points(cost: OpCost, fit: Fit) -> OpCost | None:
+    """`cost` priced by the samples its failed `fit` was made from: through each size timed (its corrections) and,
+    beyond the largest, along the line through the two largest, where the GPU is busiest and time grows with work;
+    None under two sizes. Any in-step slowdown since the fit (cost's rate over the fit's) stays applied, and a cost
+    that already follows its shape's own points (corrections) keeps its value at them."""
+    slow = fit.rate / cost.flops_per_s
+    if cost.corrections:
+        points = [(w, cost.gpu_s(w)) for w, _ in cost.corrections]
+    else:
+        by_work: dict[float, list[float]] = {}
+        for w, t in fit.points:
+            by_work.setdefault(w, []).append(t * slow)
+        points = sorted((w, statistics.median(ts)) for w, ts in by_work.items())
+    if len(points) < 2:
+        return None
+    (w0, t0), (w1, t1) = points[-2:]
+    per_work = (t1 - t0) / (w1 - w0)
+    fixed = t1 - per_work * w1
+    if not (per_work > 0 and fixed >= 0):  # flat or falling at the top, or steeper than from nothing: through zero
+        fixed, per_work = 0.0, t1 / w1
+    corrections = tuple((w, t / (fixed + w * per_work)) for w, t in points)
+    return OpCost(cost.host_s, fixed, 1 / per_work, corrections)
+
+
 def describe(fallback: Fallback) -> str:
     """One line for calibrate's report."""
-    what = {"kind": f"priced by {fallback.key.partition('@')[0]}'s", "base": "carried from the base profile",
+    what = {"points": "priced by its samples (the line through the two largest beyond them)",
+            "kind": f"priced by {fallback.key.partition('@')[0]}'s", "base": "carried from the base profile",
             "kept": "kept: nothing to take instead (predictions using it say so)"}[fallback.used]
     return f"fit {fallback.fit} not used as fitted ({fallback.reason}): {what}"

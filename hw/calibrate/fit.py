@@ -21,6 +21,11 @@ class Fit:
     rate: float
     r2: float
     max_rel_residual: float
+    points: tuple[tuple[float, float], ...] = dataclasses.field(default=(), repr=False)  # (work, seconds) fitted
+
+    def record(self) -> dict[str, float]:
+        """The fit's four numbers, as a profile's meta keeps them (its samples are kept apart)."""
+        return {"fixed_s": self.fixed_s, "rate": self.rate, "r2": self.r2, "max_rel_residual": self.max_rel_residual}
 
     @property
     def poor(self) -> bool:
@@ -41,7 +46,8 @@ def fit_affine(work: Sequence[float], seconds: Sequence[float]) -> Fit:
     sol = least_squares(residuals, x0=[t.min() / 2, slope0], bounds=([0, 1e-30], [np.inf, np.inf]))
     fixed, per_unit = sol.x
     pred = fixed + w * per_unit
-    return Fit(float(fixed), float(1 / per_unit), r_squared(t, pred), float(np.max(np.abs(pred / t - 1))))
+    return Fit(float(fixed), float(1 / per_unit), r_squared(t, pred), float(np.max(np.abs(pred / t - 1))),
+               tuple(zip(w.tolist(), t.tolist(), strict=True)))
 
 
 def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:

@@ -105,7 +105,7 @@ def calibrate_tp_collectives(base: Profile, out: Path, world: int, cpu: bool) ->
         "command": "python -m hw " + " ".join(sys.argv[1:]), "date": now, "torch": torch.__version__,
         "python": platform.python_version(), "gpus": world,
         "device": "cpu" if cpu else torch.cuda.get_device_name(0),
-        "fits": {k: dataclasses.asdict(f) for k, f in fits.items()}, "tp_host": dataclasses.asdict(host)}}
+        "fits": {k: f.record() for k, f in fits.items()}, "tp_host": dataclasses.asdict(host)}}
     profile = dataclasses.replace(base, collectives={**base.collectives, **specs}, meta=meta,
                                   host=dataclasses.replace(base.host, tp_forward_s=host.forward_s,
                                                            tp_backward_s=host.backward_s))

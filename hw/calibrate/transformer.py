@@ -274,8 +274,13 @@ def steps(models: list[Model], cpu: bool) -> int:
 
 
 def in_step_model(models: list[Model]) -> Model:
-    """The first model on at most 2 sequences: what the transformer family's in-step slowdown is timed on."""
-    m = models[0]
+    """What the transformer family's in-step slowdown is timed on: of the models given, the one with the most GPU
+    work per block and sequence (the likeliest to be GPU-bound, whatever order they were listed in), on at most 2
+    sequences."""
+    def block_work(m: Model) -> float:
+        return max((sum(p.work[0] for p in x.parts) for x in m.layers if isinstance(x, Decoder)), default=0.0)
+
+    m = max(models, key=block_work)  # the first of equals
     if m.transformer is None:
         raise ParsimError(f"{m.name} is not a transformer")  # parse_models takes transformers only
     return transformer_model(m.transformer, sum(isinstance(x, Decoder) for x in m.layers), min(m.tokens, 2))

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                       f"given: {CPU_MODEL[0]} MLP blocks of {CPU_MODEL[1]}, "
                                                       f"{CPU_MODEL[2]} tokens)")
     p.add_argument("--timeout", type=flags.seconds, default=120.0, help="seconds any one wait may take (default 120)")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="skip the one-device baseline (the whole batch in one micro-batch on one GPU, which a model "
+                        "that needs a pipeline may not fit): no speedup is reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", type=flags.path, metavar="FILE",
                    help="torch.profiler Chrome trace of one more step: FILE for rank 0, "
@@ -112,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         report = run(schedule, model, Config(args.steps, args.warmup, dtype, args.trace, token),
                      "cpu" if args.cpu else "cuda", args.timeout, args.data_parallel, args.copy_streams, args.runtime,
-                     args.recompute, args.tensor_parallel)
+                     args.recompute, args.tensor_parallel, args.baseline)
     except BaseException:
         keep_traces(traces, token, keep=False)
         raise
@@ -132,7 +135,8 @@ def report_text(r: dict) -> str:
              f"{c['model']}, {c['dtype']}",
              f"  step time  {r['step_time_s'] * 1e3:.3f} ms (min {r['step_time_min_s'] * 1e3:.3f}, "
              f"max {r['step_time_max_s'] * 1e3:.3f}, {c['steps']} steps)",
-             f"  speedup    {r['speedup']:.2f}x over one device ({r['single_device_step_s'] * 1e3:.3f} ms)",
+             f"  speedup    {r['speedup']:.2f}x over one device ({r['single_device_step_s'] * 1e3:.3f} ms)"
+             if r["speedup"] is not None else "  speedup    - (no one-device baseline run)",
              f"  {'stage':>5} {'rank':>4} {'forward':>10} {'backward':>10}  peak memory"]
     for s in r["per_stage"]:
         mem = "-" if s["peak_memory_bytes"] is None else f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"

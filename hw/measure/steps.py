@@ -421,12 +421,13 @@ def on_rank(results: list[RankTiming | None], rank: int) -> RankTiming:
     return timing
 
 
-def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, device: str) -> dict:
-    """The report of one measured job as plain data."""
+def report(job: Job, results: list[RankTiming | None], baseline: RankTiming | None, device: str) -> dict:
+    """The report of one measured job as plain data (speedup None where no baseline was run)."""
     schedule, model, config = job.schedule, job.model, job.config
     first = on_rank(results, 0)
     times = first.times
-    step, base = statistics.median(times), statistics.median(baseline.times)
+    step = statistics.median(times)
+    base = None if baseline is None else statistics.median(baseline.times)
     per_stage = []
     t = job.tensor_parallel
     for s, q in enumerate(schedule.stage_to_rank):
@@ -442,7 +443,7 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
     return {
         "step_time_s": step, "step_time_min_s": min(times), "step_time_max_s": max(times),
         "step_blocks_s": first.blocks,  # each timed sample's steps (rank 0's): a sample is their mean
-        "single_device_step_s": base, "speedup": base / step, "per_stage": per_stage,
+        "single_device_step_s": base, "speedup": None if base is None else base / step, "per_stage": per_stage,
         "timeline": [{"rank": rank * t, "actions": on_rank(results, rank * t).timeline}
                      for rank in sorted(set(schedule.stage_to_rank))],
         "config": {"schedule": schedule.name, "gpus": job.ranks, "data_parallel": job.data_parallel,
@@ -459,12 +460,14 @@ def report(job: Job, results: list[RankTiming | None], baseline: RankTiming, dev
 
 def run(schedule: Schedule, model: Model, config: Config, device: str, timeout_s: float,
         data_parallel: int = 1, copy_streams: bool = False, runtime: str = "hw", recompute: str = "never",
-        tensor_parallel: int = 1) -> dict:
-    """Measure `schedule` (on `data_parallel` replicas, each rank `tensor_parallel` GPUs) run by `runtime`, and the
-    one-device baseline (hw's runner, no recomputation); the report as plain data."""
+        tensor_parallel: int = 1, baseline: bool = True) -> dict:
+    """Measure `schedule` (on `data_parallel` replicas, each rank `tensor_parallel` GPUs) run by `runtime`, and,
+    with `baseline`, the one-device baseline (hw's runner, no recomputation); the report as plain data."""
     job = Job(schedule, model, config, data_parallel, copy_streams, runtime, recompute, tensor_parallel)
-    measured, baseline = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
-    return report(job, measured, on_rank(baseline, 0), device)
+    if not baseline:
+        return report(job, measure_jobs([job], job.ranks, device, timeout_s)[0], None, device)
+    measured, base = measure_jobs([job, baseline_job(model, config)], job.ranks, device, timeout_s)
+    return report(job, measured, on_rank(base, 0), device)
 
 
 def _device_name(device: str) -> str:

@@ -33,6 +33,7 @@ from parsim.workload import (
     Model,
     StageCost,
     check_stages,
+    kind_priced,
     microbatch_tokens,
     poor_fits,
     stage_costs,
@@ -343,6 +344,7 @@ def predict_schedule(schedule: Schedule, model: Model, profile: Profile, run_pro
                                 tuple(per_gpu), "; ".join([whole_nodes(run_profile, tp).describe(),
                                                            *stand_ins(model, run_profile),
                                                            *poor_fits(model, run_profile),
+                                                           *kind_priced(model, run_profile),
                                                            *timed_elsewhere(model.layers, run_profile)]),
                                 data_parallel, model.sample, runtime, recompute, tp.degree, tp.sequence)
         return prediction, sim

@@ -23,6 +23,7 @@ from parsim.workload.costs import (
     StageCost,
     Work,
     gradient_adds,
+    kind_priced,
     layer_times,
     layer_works,
     microbatch_tokens,
@@ -60,7 +61,7 @@ __all__ = ["CONV_DEFAULTS", "Decoder", "Embedding", "GraphedRank", "Head", "KIND
            "gradient_adds", "graphed_activation_bytes", "graphed_peak_bytes", "graphed_ranks", "layer_times",
            "layer_works", "load_model", "microbatch_tokens", "mlp_model", "model_from_spec", "model_label",
            "model_spec", "named_model", "part_costs", "partition", "stand_ins", "partition_by_time", "partitioned",
-           "peak_bytes", "poor_fits", "preset_model", "rank_peak_bytes", "stage_costs", "stage_layers",
+           "kind_priced", "peak_bytes", "poor_fits", "preset_model", "rank_peak_bytes", "stage_costs", "stage_layers",
            "transformer_layers", "transformer_model"]
 
 _LAZY = {"config_model": "configs", "load_model": "configs", "model_from_spec": "configs", "named_model": "configs",

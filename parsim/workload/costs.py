@@ -149,15 +149,30 @@ def stand_ins(model: Model, profile: Profile) -> list[str]:
             if STAND_INS.get(k, "") in profile.layers]
 
 
+SHAPED_KINDS = ("llama", "gpt", "attention", "embed", "head")  # calibrate times them at the --transformer shapes
+
+
+def kind_priced(model: Model, profile: Profile) -> list[str]:
+    """The transformer shapes of `model` the profile did not time, priced by their kind's fit over the shapes it did
+    time (a fit that extrapolates), as one note: ["priced by their kind's fit over other shapes: llama@4096x14336"]."""
+    shapes = {part.keys[0]: part.keys[-1] for layer in model.layers for part in layer.parts
+              if len(part.keys) > 1 and part.keys[-1] in SHAPED_KINDS}
+    untimed = [shape for shape, kind in sorted(shapes.items())
+               if shape not in profile.layers and kind in profile.layers]
+    return [f"priced by their kind's fit over other shapes (not timed by hw calibrate --transformer): "
+            f"{', '.join(untimed)}"] if untimed else []
+
+
 def poor_fits(model: Model, profile: Profile) -> list[str]:
-    """What of `model` the profile prices by a fit its calibration found failed and had nothing to replace with
-    (meta "fallbacks" kept; hw.calibrate.fallback), as notes: ["llama backward_weight: a poor fit (R^2 -0.318)"]."""
-    kept = {(f.get("key"), f.get("op")): f.get("reason", "") for f in profile.meta.get("fallbacks") or []
-            if isinstance(f, dict) and f.get("used") == "kept"}
-    if not kept:
+    """What of `model` the profile prices by a fit its calibration found failed and kept, or replaced by the base
+    profile's (meta "fallbacks"; hw.calibrate.fallback), as notes: ["llama backward_weight: a poor fit (R^2 -0.3)"]."""
+    said = {"kept": "a poor fit", "base": "carried from another calibration, this machine's fit failing"}
+    leaning = {(f.get("key"), f.get("op")): f"{said[f['used']]} ({f.get('reason', '')})"
+               for f in profile.meta.get("fallbacks") or [] if isinstance(f, dict) and f.get("used") in said}
+    if not leaning:
         return []
     used = {next((k for k in part.keys if k in profile.layers), None) for layer in model.layers for part in layer.parts}
-    return [f"{key} {op}: a poor fit ({reason})" for (key, op), reason in sorted(kept.items()) if key in used]
+    return [f"{key} {op}: {what}" for (key, op), what in sorted(leaning.items()) if key in used]
 
 
 def layer_works(profile: Profile, layer: Any, samples: int) -> list[Work]:
