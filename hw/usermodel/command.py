@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=flags.whole(1, 100_000), default=0, metavar="N",
                    help="a Hugging Face model's decoder layers, if fewer than its config's (a model scaled down)")
     p.add_argument("--image-size", type=flags.whole(1, 1 << 14), default=0, metavar="S",
-                   help="a vision model's input side (default 224)")
+                   help="a vision model's input side (default 224; a timm model's default input size)")
     p.add_argument("--batch", type=flags.whole(1, 1 << 24), default=32, metavar="N",
                    help="samples per training step (sequences, images): the model file's batch (default 32)")
     p.add_argument("--microbatch-sizes", type=flags.whole_list(1, 1 << 24), metavar="N,...",
@@ -194,9 +194,10 @@ def main(args: argparse.Namespace) -> int:
 def _provenance(args: argparse.Namespace, sizes: list[int], device: torch.device, elapsed: float) -> dict:
     """Where and how the file was made."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
-    hf = getattr(sys.modules.get("transformers"), "__version__", None)
+    hf, timm = (getattr(sys.modules.get(name), "__version__", None) for name in ("transformers", "timm"))
     return {"command": "python -m hw profile " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["profile"]
                                                             else sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": gpu, "torch": torch.__version__, "transformers": hf, "python": platform.python_version(),
+            "gpu": gpu, "torch": torch.__version__, "transformers": hf, "timm": timm,
+            "python": platform.python_version(),
             "microbatch_sizes": sizes, "repeat": args.repeat, "seconds": round(elapsed, 1)}

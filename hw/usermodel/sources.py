@@ -1,5 +1,6 @@
 """A user's model as a pipeline's layers: a Hugging Face causal LM (its embedding, decoder layers and head), a
-torchvision ResNet (its stem, bottleneck or basic blocks and head), or `package.module:function` returning layers."""
+torchvision ResNet (its stem, bottleneck or basic blocks and head) or ViT, a timm ViT, ResNet or ConvNeXt
+(hw.usermodel.timm_models), or `package.module:function` returning layers."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ import torch
 from torch import nn
 
 from hw.nets.transformer import lm_loss
+from hw.usermodel.timm_models import SPLIT, timm_named
 from parsim.errors import ModelError
 from parsim.workload.configs import preset_config
 from parsim.workload.models import PRESETS
 from parsim.workload.timed import Source
 
 SPECS = ("hf:PRESET_OR_CONFIG.json (a Hugging Face causal LM; presets: " + ", ".join(PRESETS) + "), "
-         "torchvision:NAME (a ResNet or a ViT, e.g. torchvision:resnet50, torchvision:vit_b_16) or "
+         "torchvision:NAME (a ResNet or a ViT, e.g. torchvision:resnet50, torchvision:vit_b_16), "
+         f"timm:NAME (a {SPLIT.replace(' and ', ' or ')}, e.g. timm:vit_base_patch16_224, timm:resnet50) or "
          "package.module:function (returning an nn.Sequential or a list of modules, and a batch of sample inputs)")
 NOT_SPLIT = "cannot be split into a pipeline's layers"
 
@@ -40,14 +43,12 @@ def source_of(spec: str, seq_len: int = 0, layers: int = 0, image_size: int = 0)
     """The Source `hw profile MODEL` names (its loss and sample kind found by building it: see user_layers)."""
     spec = spec.strip()
     kind, _, name = spec.partition(":")
-    if not name or kind in ("timm",):
-        raise ModelError(f"model {spec!r}: expected {SPECS}" + ("; timm models are not split yet: pass a "
-                                                               "package.module:function returning their layers"
-                                                               if kind == "timm" else ""))
+    if not name:
+        raise ModelError(f"model {spec!r}: expected {SPECS}")
     if kind != "hf" and (seq_len or layers):
         raise ModelError(f"--seq-len and --layers go with a Hugging Face model (hf:...), not {spec}")
-    if kind != "torchvision" and image_size:
-        raise ModelError(f"--image-size goes with a torchvision model (torchvision:...), not {spec}")
+    if kind not in ("torchvision", "timm") and image_size:
+        raise ModelError(f"--image-size goes with a torchvision or timm model (torchvision:..., timm:...), not {spec}")
     return Source(spec, seq_len=seq_len, layers=layers, image_size=image_size)
 
 
@@ -61,6 +62,8 @@ def user_layers(source: Source, seed: int = 0, device: torch.device | str = "cpu
             return hf_layers(source, name)
         if kind == "torchvision":
             return torchvision_layers(source, name)
+        if kind == "timm":
+            return timm_layers(source, name)
         return function_layers(source)
 
 
@@ -79,9 +82,14 @@ def user_layer(source: Source, index: int, seed: int = 0, device: torch.device |
 def _import(package: str, extra: str) -> Any:
     try:
         return importlib.import_module(package)
-    except ImportError:
+    except ImportError as e:
+        if e.name is not None and e.name.partition(".")[0] != package.partition(".")[0]:
+            raise ModelError(f"this model needs {package}, which needs {e.name}, not installed here") from None
         raise ModelError(f"this model needs {package}, which is not installed here; install it with: "
                          f"pip install {extra}") from None
+    except (RuntimeError, OSError) as e:  # installed but broken: PyPI's torchvision beside a CPU build of torch
+        raise ModelError(f"this model needs {package}, which is installed here but does not import "
+                         f"({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def _config_doc(name: str) -> dict[str, Any]:
@@ -250,6 +258,39 @@ def vision_layers(source: Source, net: nn.Module) -> Layers:
     classes = [m for m in named[-1][1].modules() if isinstance(m, nn.Linear)][-1].out_features
     source = replace(source, sample="image", image_size=side, target="classes", classes=classes)
     return Layers(named, source, torch.randn(1, 3, side, side))
+
+
+def timm_layers(source: Source, name: str) -> Layers:
+    """A timm classification model by name, untrained (no download), on `image_size` images (default: its default
+    config's input size); a VisionTransformer is built for that size."""
+    timm = _import("timm", "timm")
+    try:
+        net = timm.create_model(name, pretrained=False)
+        side = source.image_size or _square(name, tuple(getattr(net, "pretrained_cfg", {}).get("input_size", ())))
+        if _fixed_size(net) not in (None, (side, side)):  # a ViT's position table is made for its image size
+            net = timm.create_model(name, pretrained=False, img_size=side)
+    except (RuntimeError, ValueError, TypeError, KeyError) as e:  # timm's "Unknown model (...)"
+        raise ModelError(f"timm:{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    named = timm_named(name, net)
+    classes = int(getattr(net, "num_classes", 0))
+    source = replace(source, sample="image", image_size=side, target="classes", classes=classes)
+    return Layers(named, source, torch.randn(1, 3, side, side))
+
+
+def _fixed_size(net: nn.Module) -> tuple[int, int] | None:
+    """The image size a model with patches takes alone (timm's ViT without dynamic_img_size); None for any size."""
+    embed = getattr(net, "patch_embed", None)
+    if embed is None or getattr(net, "dynamic_img_size", False) or getattr(embed, "img_size", None) is None:
+        return None
+    return (int(embed.img_size[0]), int(embed.img_size[1]))
+
+
+def _square(name: str, input_size: tuple[int, ...]) -> int:
+    """The side of a model's default input, which hw's image samples take square."""
+    if len(input_size) != 3 or input_size[1] != input_size[2]:
+        raise ModelError(f"timm:{name}'s default input is {'x'.join(map(str, input_size)) or 'not known'}, not a "
+                         "square image: give --image-size")
+    return int(input_size[1])
 
 
 def function_layers(source: Source) -> Layers:
