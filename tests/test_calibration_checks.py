@@ -9,7 +9,15 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hw.calibrate.fallback import GPU_RATE_MAX, Fallback, describe, failure, fall_back, layer_fit  # noqa: E402
+from hw.calibrate.fallback import (  # noqa: E402
+    GPU_RATE_MAX,
+    Fallback,
+    carry_failed,
+    describe,
+    failure,
+    fall_back,
+    layer_fit,
+)
 from hw.calibrate.fit import Fit, fit_affine  # noqa: E402
 from hw.calibrate.self_check import BOUND, self_check, verdict  # noqa: E402
 from parsim.configuration import Configuration, predict  # noqa: E402
@@ -95,6 +103,23 @@ def test_a_failed_fit_whose_cost_follows_its_shape_keeps_those_values_and_a_fall
     falling = Fit(1e-6, 1e15, 0.5, 0.6, ((1e9, 2e-3), (2e9, 1e-3)))  # noise: the larger size timed faster
     out, _ = fall_back({"mlp@256": _costs(falling.rate)}, {"forward@256": falling}, None, gpu=True)
     assert out["mlp@256"].forward.fixed_s == 0 and out["mlp@256"].forward.gpu_s(4e9) == pytest.approx(2e-3)
+
+
+def test_a_failed_link_or_recompute_host_fit_is_carried_from_the_base_and_said():
+    # data/calibration/nvidia-h200-x2-2026-11-28: pageable host-to-device copies fitted with R^2 0.750
+    shipped = load_profile(None)
+    base = dataclasses.replace(shipped, host=dataclasses.replace(shipped.host, recompute_s=4e-4, recompute_call_s=6e-3))
+    mine = dataclasses.replace(base, links={**base.links, "h2d_pageable": dataclasses.replace(
+        base.links["h2d_pageable"], bandwidth_Bps=1e9)}, host=dataclasses.replace(base.host, recompute_s=1.0))
+    fits = {"link h2d_pageable": Fit(17e-6, 1e10, 0.750, 0.455), "link nvlink": GOOD,
+            "host hw recompute": Fit(1e-3, 1e3, 0.5, 0.3), "forward": Fit(1e-6, 1e14, 0.5, 0.3)}
+    out, done = carry_failed(mine, fits, base)
+    assert out.links["h2d_pageable"] == dataclasses.replace(base.links["h2d_pageable"], measured=False)
+    assert out.links["nvlink"] == mine.links["nvlink"]
+    assert (out.host.recompute_s, out.host.recompute_call_s) == (base.host.recompute_s, base.host.recompute_call_s)
+    assert [(f.key, f.used) for f in done] == [("link h2d_pageable", "base"), ("host.recompute_s", "base")]
+    _, cpu = carry_failed(mine, fits, None)
+    assert {f.used for f in cpu} == {"kept"}
 
 
 def test_a_prediction_says_when_it_leans_on_a_kept_poor_fit():

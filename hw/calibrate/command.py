@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from hw.calibrate import host_steps, stage_probe
 from hw.calibrate import transformer as calibrate_transformer
-from hw.calibrate.fallback import Fallback, fall_back
+from hw.calibrate.fallback import Fallback, carry_failed, fall_back
 from hw.calibrate.fallback import describe as describe_fallback
 from hw.calibrate.fit import Fit
 from hw.calibrate.host import grad_add_host, host_costs, host_samples
@@ -421,7 +421,9 @@ def calibrate(base: Profile, hidden: list[int], cpu: bool, gpus: int | None, con
         graphs, samples["graphs"], graph_fits = calibrate_graphs(device, dtype, profile, hidden, spans,
                                                                  p2p_carried=count < 2, rows=stage_rows)
         profile, fits = dataclasses.replace(profile, runtimes={**profile.runtimes, **graphs}), fits | graph_fits
-    profile = with_op_costs(profile, op_costs)
+    profile, carried = carry_failed(with_op_costs(profile, op_costs), fits, None if cpu else base)
+    samples["fallbacks"] += [dataclasses.asdict(f) for f in carried]
+    samples["carried"] += [f.key for f in carried if f.used == "base" and not f.key.startswith("link ")]
     return dataclasses.replace(profile, kernels={**profile.kernels, AUTOGRAD_ACCUMULATE: autograd_add}), samples, fits
 
 

@@ -107,6 +107,30 @@ def measured_points(cost: OpCost, fit: Fit) -> OpCost | None:
     return OpCost(cost.host_s, fixed, 1 / per_work, corrections)
 
 
+def carry_failed(profile: Profile, fits: dict[str, Fit], base: Profile | None) -> tuple[Profile, list[Fallback]]:
+    """`profile` with each link, collective and host recompute cost whose fit failed (failure, no rate bound: bytes
+    and layers per second) carried from `base` where it has one, else kept; what was done (key "link NAME" or
+    "host.recompute_s", op "")."""
+    links, collectives, host, done = dict(profile.links), dict(profile.collectives), profile.host, []
+    for name, fit in fits.items():
+        reason = failure(fit, gpu=False)
+        if reason is None:
+            continue
+        link = name.removeprefix("link ")
+        if name.startswith("link ") and base is not None and (link in base.links or link in base.collectives):
+            table = links if link in base.links else collectives
+            source = base.links if link in base.links else base.collectives
+            table[link] = dataclasses.replace(source[link], measured=False)
+            done.append(Fallback(name, name, "", reason, "base"))
+        elif name == "host hw recompute" and base is not None and base.host.recompute_s > 0:
+            host = dataclasses.replace(host, recompute_s=base.host.recompute_s,
+                                       recompute_call_s=base.host.recompute_call_s)
+            done.append(Fallback(name, "host.recompute_s", "", reason, "base"))
+        elif name.startswith("link ") or name == "host hw recompute":
+            done.append(Fallback(name, name, "", reason, "kept"))
+    return dataclasses.replace(profile, links=links, collectives=collectives, host=host), done
+
+
 def describe(fallback: Fallback) -> str:
     """One line for calibrate's report."""
     what = {"points": "priced by its samples (the line through the two largest beyond them)",
