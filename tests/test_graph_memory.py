@@ -73,6 +73,23 @@ def test_a_split_backward_leaves_what_only_gelu_keeps_held_for_good():
     assert MLP.layers[0].unweighted_stash_bytes_per_token == 4 * H * 2
 
 
+@pytest.mark.parametrize("tokens", [128, 1024])
+def test_a_weight_grad_frees_each_blocks_saved_inputs_before_the_next_blocks_gradients(tokens):
+    """ZB-H1 on one GPU, two MLP blocks, two micro-batches of n tokens, no optimizer (F I W F I W). A split forward
+    holds 9 + 10 rows of stash (the first block's input is the static batch), a captured fc2 output per block and its
+    output; I adds 6 rows of output gradients per block; W frees 4 + 5 rows as it goes (the layernorms' inputs but
+    the static one, fc2's inputs), each block's after making its gradients G, and 16 when it ends, leaving GELU's
+    inputs (4 rows a block) and the output. The second W makes G again per block on top of the first's."""
+    model = mlp_model(2, H, 2 * tokens)
+    _, row, grads = _mlp_bytes(tokens)
+    forward, input_grad = (9 + 10 + 2 + 1) * row, 12 * row
+    left = 9 * row + 2 * grads  # after the first W: GELU's inputs, the output, the gradients
+    second = left + forward + input_grad
+    (rank,) = graphed_ranks(model, build("zb-h1", 1, 2), tokens, "none")
+    assert rank.pool_peak == max(forward + input_grad + grads, second + grads, second - 4 * row + 2 * grads)
+    assert rank.pool_end == 2 * (9 * row) + 2 * grads
+
+
 def test_later_backwards_make_the_gradients_again_before_adding_them_in():
     """1F1B on one GPU with one layer: F B F B. The second backward holds the first's gradients (the step's) and
     its own until it adds them in, over the second micro-batch's stash less the layer's input (the static batch)."""

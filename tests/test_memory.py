@@ -12,7 +12,7 @@ from conftest import transformer_profile
 from parsim.plan import candidates, plan
 from parsim.profile import load_profile, save_profile
 from parsim.schedules import build
-from parsim.workload import Head, TransformerShape, rank_peak_bytes, stage_layers, transformer_model
+from parsim.workload import Head, TransformerShape, mlp_model, rank_peak_bytes, stage_layers, transformer_model
 
 SHAPE = TransformerShape("llama", hidden=64, ffn=160, heads=8, kv_heads=2, head_dim=8, vocab=1000, seq=32)
 MODEL = transformer_model(SHAPE, 6, 16)  # embedding, 6 blocks, head
@@ -66,6 +66,20 @@ def test_a_split_backward_holds_the_output_gradients_from_input_grad_to_weight_g
     during_input_grad = max(p + layer.backward_workspace_bytes_per_token * samples for p, layer in zip(piled, layers))
     assert rank_peak_bytes(MODEL, build("zb-h1", 1, 1), samples) == [static + kept + during_input_grad]
     assert during_input_grad > Head(SHAPE).backward_workspace_bytes_per_token * samples  # not the head's alone
+
+
+@pytest.mark.parametrize("tokens", [128, 1024])
+def test_a_weight_grad_frees_each_layers_saved_inputs_before_the_next_layers_gradients(tokens):
+    """ZB-H1 on one GPU, two MLP blocks (h=256), one micro-batch, "none": after F and I hold each block's stash
+    (10 rows), captured fc2 output (1) and output gradients (6), W makes block 0's gradients, frees its layernorm
+    input and GELU's output (5 rows, autograd.grad releasing its modules' saved inputs), then makes block 1's. A row
+    is 256 x 2 bytes a token; G a block's gradients, 2 to 16 rows here, so either moment is the peak."""
+    model, h = mlp_model(2, 256, tokens), 256
+    row, grads = h * tokens * 2, (8 * h * h + 7 * h) * 2
+    static = 2 * grads
+    held = 2 * (10 + 1 + 6) * row
+    expected = static + max(held + grads, held - 5 * row + 2 * grads)
+    assert rank_peak_bytes(model, build("zb-h1", 1, 1), tokens, "none") == [expected]
 
 
 def test_plan_drops_what_does_not_fit_and_keeps_what_does():

@@ -14,7 +14,16 @@ from parsim.errors import ParsimError
 from parsim.plan import evaluate, rank_key, search, shapes
 from parsim.profile import CollectiveSpec, LayerCosts, OpCost
 from parsim.runtimes import RUNTIMES
-from parsim.workload import OPS, layer_works, mlp_model, model_from_spec, peak_bytes
+from parsim.schedules import build
+from parsim.workload import (
+    OPS,
+    layer_works,
+    mlp_model,
+    model_from_spec,
+    peak_bytes,
+    rank_peak_bytes,
+    stage_costs,
+)
 from parsim.workload.tensor_parallel import NONE, Split, TensorParallel, collective_s, split_model
 
 LATENCY, BUSBW = 2e-5, 1e11  # the all-reduce's cost in these tests
@@ -257,3 +266,21 @@ def test_the_parallel_loss_holds_one_fp32_copy_of_the_split_logits_more():
         extra = s.seq * s.vocab * s.acc_bytes // t
         assert split.forward_workspace_bytes_per_token == head.forward_workspace_bytes_per_token // t + extra
         assert split.backward_workspace_bytes_per_token == head.backward_workspace_bytes_per_token // t + extra
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_a_split_heads_loss_keeps_its_local_log_softmax_outside_a_checkpoint(t):
+    """The vocab-parallel loss keeps the fp32 log-softmax of its GPU's logits (V/t a token), outside a checkpoint of
+    the stage: the split head reports it as its loss's stash (the stash's last part), the stage's cost carries it,
+    and under GPipe with every micro-batch recomputed the last rank keeps, per micro-batch more, the stage's input
+    and that log-softmax."""
+    model = model_from_spec(LLAMA)
+    s = model.layers[-1].shape
+    split = split_model(model, TensorParallel(t))
+    head = split.layers[-1]
+    local = s.seq * s.vocab * s.acc_bytes // t
+    assert head.loss_stash_bytes_per_token == local and split.layers[1].loss_stash_bytes_per_token == 0
+    costs = stage_costs(split, 2, 4, tp_profile(transformer=True))  # a sequence a micro-batch
+    assert costs[-1].loss_bytes == local and costs[0].loss_bytes == 0
+    peaks = [rank_peak_bytes(split, build("gpipe", 2, m), 1, "none", "always")[1] for m in (4, 5)]
+    assert peaks[1] - peaks[0] == split.layers[-2].out_bytes_per_token + local

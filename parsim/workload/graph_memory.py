@@ -8,10 +8,15 @@ last stage's too) and each backward's input gradient: they are the static tensor
 first gradient action (B or W) makes its gradients in the pool; each later one makes them again as temporaries
 before adding them in. A split backward's weight-grad frees only what weighted modules keep: the rest of the stash
 (the layers' `unweighted_stash_bytes_per_token`) lives as long as the forward's autograd graph, which the kept
-output holds for good. Outside the pool: the weights, one static buffer per receive, stage 0's copy of the batch's
-inputs and the last stage's of its targets; a stage's first layer keeps its input, which is one of those buffers or
-the previous stage's kept output, so that part of its stash is not counted twice. The allocator's rounding and the
-free space in its segments are not modelled: the pool's peak is what its blocks held at once.
+output holds for good. It frees the rest as it goes: each weighted module's gradients are made after the modules
+before it have released their saved inputs (each autograd.grad call frees its node's; the layers'
+`early_freed_bytes_per_token`), so a stage's gradients never sit on its whole stash; the weighted modules' outputs
+the stash holds, the captured outputs and the held output gradients go only when it ends, with its list of them. A
+head's captured logits are the stage's output, kept anyway: counted once. Outside the pool: the weights, one static
+buffer per receive, stage 0's copy of the batch's inputs and the last stage's of its targets; a stage's first layer
+keeps its input, which is one of those buffers or the previous stage's kept output, so that part of its stash is
+not counted twice. The allocator's rounding and the free space in its segments are not modelled: the pool's peak is
+what its blocks held at once.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ class GraphedStage:
         stash = self.layers[k].stash
         return stash - min(stash, self.input) if k == 0 else stash
 
+    def weight_grad_frees(self, k: int) -> tuple[int, int]:
+        """What a split backward's weight-grad frees of layer k: as it goes (the layer's `early`: inputs only weighted
+        modules keep), and when it ends (the rest of the stash but what ops without weights keep, the outputs it
+        captured, the output gradients it was handed). The stage's input, which the first layer keeps, is a static
+        tensor: it leaves the first part."""
+        layer = self.layers[k]
+        freed = self.stash(k) - min(self.stash(k), self.unweighted[k])
+        early = min(freed, layer.early - min(layer.early, self.input) if k == 0 else layer.early)
+        return early, freed - early + layer.captured + layer.held
+
 
 @dataclass(frozen=True)
 class GraphedRank:
@@ -68,12 +83,15 @@ def graphed_ranks(model: Model, schedule: Schedule, samples: int, optimizer: str
                                                 for ids in ids_of[:-1]]
     stages = []
     for s, ids in enumerate(ids_of):
+        output = model.layers[ids[-1]].out_bytes_per_token * samples
         layers = tuple(layer_memory(model.layers[i], samples) for i in ids)
+        if model.layers[ids[-1]].kind == "head":  # the logits it captures are the stage's output, kept anyway
+            layers = layers[:-1] + (replace(layers[-1], captured=layers[-1].captured - min(layers[-1].captured,
+                                                                                            output)),)
         if not gradients:
             layers = tuple(replace(layer, grads=0) for layer in layers)
         stages.append(GraphedStage(layers, tuple(model.layers[i].unweighted_stash_bytes_per_token * samples
-                                                 for i in ids),
-                                   inputs[s], model.layers[ids[-1]].out_bytes_per_token * samples))
+                                                 for i in ids), inputs[s], output))
     batch = (_input_bytes(model) * samples * schedule.num_microbatches,
              _target_bytes(model) * samples * schedule.num_microbatches)
     out = []
@@ -147,16 +165,16 @@ def pool_walk(acts: tuple[Action, ...], stages: list[GraphedStage]) -> tuple[int
             peak = max(peak, held)
             if a.op == Op.BACKWARD and a != first[a.stage]:
                 held -= made  # added into the first action's gradients, then freed
-        elif a.op == Op.BACKWARD_WEIGHT:
-            made = 0
-            for layer in layers:
+        elif a.op == Op.BACKWARD_WEIGHT:  # layer by layer in forward order, as the forward captured the modules
+            made = at_end = 0
+            for k, layer in enumerate(layers):
                 held += layer.grads
                 made += layer.grads
                 peak = max(peak, held)
-            held -= sum(stage.stash(k) - min(stage.stash(k), stage.unweighted[k]) + layer.captured + layer.held
-                        for k, layer in enumerate(layers))
-            if a != first[a.stage]:
-                held -= made
+                now, later = stage.weight_grad_frees(k)
+                held -= now
+                at_end += later
+            held -= at_end + (made if a != first[a.stage] else 0)
         peak = max(peak, held)
     return peak, held
 

@@ -47,9 +47,11 @@ class Kind:
     unweighted: int  # of those, the elements only ops without weights keep (activations), per C S^2
     # a split backward's (hw.run.stage_runner): the weighted modules' outputs its forward captures that nothing in
     # the stash already holds, and the gradients of every weighted module's output its input-grad keeps for the
-    # weight-grad, per C S^2 (0: not modelled)
+    # weight-grad, per C S^2 (0: not modelled); of the stash, what its weight-grad frees as it goes: the inputs only
+    # weighted modules keep, but weighted modules' outputs (its list of captured outputs holds those to its end)
     captured: int = 0
     held: int = 0
+    early: int = 0
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -59,17 +61,23 @@ KINDS = {
     # x + W2 gelu(W1 layernorm(x)), 4x expansion: two C x 4C matmuls; biases 4C + C, layernorm 2C;
     # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output;
     # a split backward captures fc2's output (C; layernorm's and fc1's are in the stash) and keeps the gradients of
-    # the layernorm's, fc1's and fc2's outputs (C + 4C + C)
-    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, spatial=False,
+    # the layernorm's, fc1's and fc2's outputs (C + 4C + C); its weight-grad frees the layernorm's input and fc2's
+    # (GELU's output) as it goes, the layernorm's output (fc1's input, a captured output) when it ends
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, early=5, spatial=False,
                 sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
-    # relus keep their outputs too (the same tensors as the convs' inputs)
-    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2),
+    # relus keep their outputs too (the same tensors as the convs' inputs); a split backward captures both batch
+    # norms' outputs (each relu keeps its own output instead) and conv2's, and keeps the gradients of all four
+    # modules' outputs (conv2's is the block's output gradient); its weight-grad frees bn1's input as it goes, conv1's
+    # output (bn2's input, a captured output) when it ends
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
-    # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output
-    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, shrink=2),
+    # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output; a split backward captures
+    # bn1's output (2), bn2's, conv2's and the shortcut's, and keeps their and conv1's output gradients, conv2's and
+    # the shortcut's one tensor (the sum's); its weight-grad frees bn1's input as it goes, conv1's output when it ends
+    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, captured=5, held=5, early=2, shrink=2),
 }
 
 
@@ -149,6 +157,11 @@ class Layer:
     def weight_grad_held_bytes_per_token(self) -> int:
         """The output gradients a split backward's input-grad keeps for its weight-grad (see KINDS)."""
         return self.formulas.held * self.hidden * self.side**2 * self.dtype_bytes
+
+    @property
+    def early_freed_bytes_per_token(self) -> int:
+        """What of the stash a split backward's weight-grad frees as it goes, module by module (see KINDS)."""
+        return self.formulas.early * self.hidden * self.side**2 * self.dtype_bytes
 
     # working memory (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
     forward_workspace_bytes_per_token = 0

@@ -4,11 +4,13 @@ holds, walked layer by layer through the schedule.
 A forward adds each layer's stash (what autograd keeps for its backward), and the stage's output, which the
 runner keeps until the backward; a backward frees them layer by layer; each layer's transient working memory
 counts only while it runs. A split backward's input-grad frees nothing and keeps every weighted module's output
-gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient. A
-recomputed micro-batch's forward keeps only its stage's input; its backward runs the forward again, rebuilding
-what the forward would have kept, then frees it as any backward does. Selective recomputation keeps every layer's
-stash but what its attention core alone keeps (its log-sum-exp): the core's rebuild in the backward comes after the
-layer's larger MLP stash is freed, so it raises no peak. The batch itself is not counted.
+gradient (and the forward keeps those modules' outputs) until its weight-grad has made every gradient; the
+weight-grad frees each layer's saved inputs that only weighted modules keep (`LayerMemory.early`) as it goes, after
+that layer's gradients. A recomputed micro-batch's forward keeps only its stage's input; its backward runs the
+forward again, rebuilding what the forward would have kept, then frees it as any backward does. Selective
+recomputation keeps every layer's stash but what its attention core alone keeps (its log-sum-exp): the core's
+rebuild in the backward comes after the layer's larger MLP stash is freed, so it raises no peak. The batch itself is
+not counted.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class LayerMemory:
     captured: int  # kept from the forward for a split backward's weight-grad
     held: int  # output gradients a split backward's input-grad keeps for its weight-grad
     grads: int  # its parameters' gradients
+    early: int = 0  # of the stash, what a split backward's weight-grad frees as it makes the gradients (see _walk)
 
 
 def layer_memory(layer: Any, samples: int, selective: bool = False) -> LayerMemory:
@@ -57,7 +60,8 @@ def layer_memory(layer: Any, samples: int, selective: bool = False) -> LayerMemo
     return LayerMemory(stash * samples, layer.forward_workspace_bytes_per_token * samples,
                        layer.backward_workspace_bytes_per_token * samples,
                        layer.captured_bytes_per_token * samples,
-                       layer.weight_grad_held_bytes_per_token * samples, layer.params * layer.dtype_bytes)
+                       layer.weight_grad_held_bytes_per_token * samples, layer.params * layer.dtype_bytes,
+                       layer.early_freed_bytes_per_token * samples)
 
 
 def static_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
@@ -181,8 +185,8 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
             for i, layer in enumerate(layers):
                 new, made = grads(a.stage, i, layer)
                 peak = max(peak, held + made)
-                held += new
-            held -= sum(layer.stash + layer.captured + layer.held for layer in layers)
+                held += new - layer.early
+            held -= sum(layer.stash - layer.early + layer.captured + layer.held for layer in layers)
         peak = max(peak, held)
     if keeps_outputs:  # the kept outputs merged into one tensor at the step's end, beside them
         peak = max(peak, held + outputs[last] * sum(a.op == Op.FORWARD and a.stage == last for a in acts))

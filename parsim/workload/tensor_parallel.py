@@ -262,6 +262,13 @@ class Split:
                 + s.seq * s.vocab * s.acc_bytes // self._t)
 
     @property
+    def loss_stash_bytes_per_token(self) -> int:
+        """What a head's loss keeps outside a checkpoint of the stage (parsim.workload.recompute): the vocab-parallel
+        loss's fp32 log-softmax of the local logits, V/t per token (the stash's last term); nothing for other layers."""
+        x = self.layer
+        return x.shape.seq * x.shape.vocab * x.shape.acc_bytes // self._t if isinstance(x, Head) else 0
+
+    @property
     def core_freed_bytes_per_token(self) -> int:
         """What selective recomputation frees: the core's log-sum-exp, its heads split t ways."""
         return int(self.layer.core_freed_bytes_per_token) // self._t
@@ -313,6 +320,8 @@ class Split:
         if isinstance(x, Head):
             return x.shape.seq * (x.shape.hidden + x.shape.vocab // self._t) * x.shape.dtype_bytes
         return int(x.weight_grad_held_bytes_per_token)
+
+    early_freed_bytes_per_token = 0  # not modelled split: a split backward's weight-grad frees the stash as it ends
 
 
 def collective_spec(profile: Profile, kind: str) -> CollectiveSpec:

@@ -66,6 +66,7 @@ class TimedLayer:
     kind = "timed"
     captured_bytes_per_token = 0  # a split backward's extra memory: not measured
     weight_grad_held_bytes_per_token = 0
+    early_freed_bytes_per_token = 0  # nothing counted freed before a split backward's weight-grad ends
     core_freed_bytes_per_token = 0  # timed whole: no attention core apart (recompute.check_layers refuses selective)
 
     @property

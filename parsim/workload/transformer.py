@@ -230,6 +230,13 @@ class Decoder(_SequenceLayer):
         t = self.shape
         return self._per_seq(4 * t.hidden + t.q_width + 2 * t.kv_width + (2 if self._llama else 1) * t.ffn)
 
+    @property
+    def early_freed_bytes_per_token(self) -> int:
+        """What of the stash a split backward's weight-grad frees as it goes: the norms' inputs (H each) and
+        statistics, and the down projection's input (SwiGLU's product) or the MLP's second linear's (GELU's output);
+        the norms' outputs, captured outputs the projections keep, go when it ends."""
+        return self._per_seq(2 * self.shape.hidden + self.shape.ffn, 2 if self._llama else 4)
+
 
 @dataclass(frozen=True)
 class Embedding(_SequenceLayer):
@@ -290,6 +297,11 @@ class Embedding(_SequenceLayer):
     @property
     def weight_grad_held_bytes_per_token(self) -> int:
         return self.out_bytes_per_token
+
+    @property
+    def early_freed_bytes_per_token(self) -> int:
+        """The ids, which the lookup's weight-grad releases."""
+        return self.stash_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -369,6 +381,13 @@ class Head(_SequenceLayer):
     def weight_grad_held_bytes_per_token(self) -> int:
         """The gradients of the norm's output (H) and of the logits (V)."""
         return self.shape.seq * (self.shape.hidden + self.shape.vocab) * self.shape.dtype_bytes
+
+    @property
+    def early_freed_bytes_per_token(self) -> int:
+        """What of the stash a split backward's weight-grad frees as it goes: the norm's input and statistics; the
+        norm's output (the LM head's input, a captured output) goes when it ends."""
+        t = self.shape
+        return t.seq * (t.hidden * t.dtype_bytes + self._norm_vectors * t.acc_bytes)
 
 
 def transformer_layers(shape: TransformerShape, blocks: int) -> tuple[_SequenceLayer, ...]:
