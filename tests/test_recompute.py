@@ -65,18 +65,19 @@ def test_both_engines_agree_to_the_bit_with_recomputation(name, p, m, mode):
     assert walked.busy_s == machine.busy_s
 
 
-@pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 0.0), (500e-6, 40e-6)])
+@pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 0.0), (500e-6, 40e-6), (500e-6, 400e-6)])
 def test_a_host_bound_step_grows_by_each_recomputed_microbatchs_host_cost(call_s, per_layer_s):
-    """GPU free, host slow: one GPU's step grows by m x (call_s + layers x per-layer), or by m forwards' launches
-    where the profile has no calibrated cost."""
+    """GPU free, host slow: one GPU's step grows by m x (the forward's launches + call_s + layers x what per-layer
+    costs beyond an MLP block's launches, which calibrate's MLP probe blocks include in it), or by m forwards'
+    launches where the profile has no calibrated cost."""
     m, layers, host_s = 6, 3, 2e-3
     host = replace(make_profile().host, action_s=50e-6, recompute_s=per_layer_s, recompute_call_s=call_s)
-    profile = replace(make_profile(), host=host)
+    profile = replace(make_profile(layer_host_s=100e-6), host=host)  # an MLP block's launches: 100 us
     costs = [replace(c, layers=layers) for c in equal_stages(1, 0.0, 0.0, host_s=host_s)]
     never = simulate(build("gpipe", 1, m), costs, profile).step_time_s
     always = simulate(build("gpipe", 1, m), costs, profile, recompute="always").step_time_s
-    each = call_s + layers * per_layer_s if call_s or per_layer_s else host_s
-    assert always - never == pytest.approx(m * each, rel=1e-9)
+    hooks = max(per_layer_s - profile.layers["mlp"].forward.host_s, 0.0) if per_layer_s else 0.0
+    assert always - never == pytest.approx(m * (host_s + call_s + layers * hooks), rel=1e-9)
 
 
 def test_except_last_spares_only_the_last_microbatch():
@@ -165,19 +166,19 @@ def test_selective_makes_every_backward_its_stages_cores_longer(name, p, m, free
     assert sim.step_time_s == pytest.approx((m + p - 1) * (T_F + T_B + t_c), rel=1e-12)
 
 
-@pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 40e-6)])
+@pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 40e-6), (300e-6, 400e-6)])
 def test_a_host_bound_step_grows_by_a_checkpoint_per_core(call_s, per_layer_s):
-    """GPU free, host slow: selective adds m x cores x (call_s + per_layer_s), each core its own checkpoint of one
-    op, whatever the stage's layers; or the cores' forward launches where the profile has no calibrated cost."""
+    """GPU free, host slow: selective adds m x (the cores' forward launches + cores x (call_s + per_layer_s beyond an
+    MLP block's launches)), each core its own checkpoint of one op, whatever the stage's layers."""
     m, cores, launch_s = 6, 3, 70e-6
     host = replace(make_profile().host, action_s=50e-6, recompute_s=per_layer_s, recompute_call_s=call_s)
-    profile = replace(make_profile(), host=host)
+    profile = replace(make_profile(layer_host_s=100e-6), host=host)  # an MLP block's launches: 100 us
     costs = [replace(c, layers=5, core_forward=Work(0.0, launch_s, cores))
              for c in equal_stages(1, 0.0, 0.0, host_s=2e-3)]
     never = simulate(build("gpipe", 1, m), costs, profile).step_time_s
     selective = simulate(build("gpipe", 1, m), costs, profile, recompute="selective").step_time_s
-    each = cores * (call_s + per_layer_s) if call_s or per_layer_s else launch_s
-    assert selective - never == pytest.approx(m * each, rel=1e-9)
+    hooks = max(per_layer_s - profile.layers["mlp"].forward.host_s, 0.0) if per_layer_s else 0.0
+    assert selective - never == pytest.approx(m * (launch_s + cores * (call_s + hooks)), rel=1e-9)
 
 
 @pytest.mark.parametrize("m", [1, 3])

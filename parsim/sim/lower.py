@@ -252,20 +252,27 @@ class Extras:
 
 def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, recompute: str = "never") -> Extras:
     """host_extras, and each recomputing backward's forward run again (parsim.workload.recompute): its stage's
-    forward on the GPU (selective: its attention cores'); on the host, checkpointing's calibrated cost
-    (host.recompute_call_s + its layers x host.recompute_s; selective: that of one layer per core, each core its
-    own checkpoint), else the forward's launches (not a second action's cost)."""
+    forward on the GPU (selective: its attention cores'); on the host, the forward's launches (not a second
+    action's cost) and, where calibrated, checkpointing's own cost: host.recompute_call_s per checkpoint, and per
+    layer what host.recompute_s, timed on MLP blocks, costs beyond an MLP block's forward launches (selective: one
+    layer per core, each core its own checkpoint)."""
     host = host_extras(schedule, profile) or {}
     # (action, the work run again, checkpoints, layers in each)
     redo = [(a, costs[a.stage].forward, 1, costs[a.stage].layers) for a in recomputing_actions(schedule, recompute)]
     redo += [(a, c.core_forward, c.core_forward.chunks, 1) for a in core_recomputing_actions(schedule, recompute)
              if (c := costs[a.stage]).core_forward.chunks]  # a stage without a core recomputes nothing
-    call_s, per_layer = profile.host.recompute_call_s, profile.host.recompute_s
+    call_s, hooks = profile.host.recompute_call_s, max(profile.host.recompute_s - probe_forward_host_s(profile), 0.0)
     for a, again, calls, layers in redo:
-        more = calls * (call_s + layers * per_layer) if call_s > 0 or per_layer > 0 else again.host_s
-        host[a] = host.get(a, 0.0) + more
+        host[a] = host.get(a, 0.0) + again.host_s + calls * (call_s + layers * hooks)
     gpu = {a: again.gpu_s for a, again, _, _ in redo}
     return Extras(gpu or None, host or None)
+
+
+def probe_forward_host_s(profile: Profile) -> float:
+    """An MLP block's forward launches: part of host.recompute_s, which calibrate times on MLP blocks
+    (hw.calibrate.host_steps); 0 where the profile prices no MLP block or recompute_s is uncalibrated."""
+    mlp = profile.layers.get("mlp")
+    return mlp.forward.host_s if mlp is not None and profile.host.recompute_s > 0 else 0.0
 
 
 def lengthened(slower: Mapping[Action, float] | None, gpu: dict[Action, float] | None,
