@@ -117,10 +117,11 @@ def carry_failed(profile: Profile, fits: dict[str, Fit], base: Profile | None) -
         if reason is None:
             continue
         link = name.removeprefix("link ")
-        if name.startswith("link ") and base is not None and (link in base.links or link in base.collectives):
-            table = links if link in base.links else collectives
-            source = base.links if link in base.links else base.collectives
-            table[link] = dataclasses.replace(source[link], measured=False)
+        if name.startswith("link ") and base is not None and link in base.links:
+            links[link] = dataclasses.replace(base.links[link], measured=False)
+            done.append(Fallback(name, name, "", reason, "base"))
+        elif name.startswith("link ") and base is not None and link in base.collectives:
+            collectives[link] = dataclasses.replace(base.collectives[link], measured=False)
             done.append(Fallback(name, name, "", reason, "base"))
         elif name == "host hw recompute" and base is not None and base.host.recompute_s > 0:
             host = dataclasses.replace(host, recompute_s=base.host.recompute_s,
