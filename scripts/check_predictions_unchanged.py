@@ -1,5 +1,6 @@
 """Every `predict --json` output of this checkout, byte for byte against another commit's (default: where this
-branch left main), over a grid of schedules x GPUs x micro-batches x runtimes x data parallelism x copy streams.
+branch left main), over a grid of schedules x GPUs x micro-batches x runtimes x data parallelism x copy streams, and
+hw's recomputation modes without copy streams.
 
 Run: python scripts/check_predictions_unchanged.py [--base COMMIT] [--quick]
 It checks the base commit out into a temporary git worktree, runs the grid in one process per tree (each
@@ -57,6 +58,12 @@ def grid(torch_profile: str, quick: bool) -> list[list[str]]:
                                     "--runtime", runtime.rstrip("*")]
                             points.append(argv + (["--copy-streams"] if copy else [])
                                           + (["--profile", torch_profile] if runtime == "torch*" else []))
+    for name in HW:  # recomputation on hw's runner, without copy streams (with them it may recompute early)
+        for g in gpus:
+            for m in microbatches:
+                for mode in ("except-last", "always"):
+                    points.append(["predict", "--json", "--layers", "32", "--tokens", "4096", "--schedule", name,
+                                   "--gpus", str(g), "--microbatches", str(m), "--recompute", mode])
     for v in (3, 4):  # more stages per GPU
         points.append(["predict", "--json", "--layers", "32", "--schedule", "interleaved-1f1b", "--gpus", "4",
                        "--microbatches", "8", "--virtual-stages", str(v)])

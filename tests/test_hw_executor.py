@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
+from hw.run.stage_runner import StageRunner, StepIO  # noqa: E402
 from parsim.errors import ParsimError  # noqa: E402
 from parsim.schedules import build  # noqa: E402
 from parsim.workload import conv_model, mlp_model  # noqa: E402
@@ -41,6 +42,76 @@ def test_recomputing_stages_get_the_single_devices_loss_and_gradients(name, rank
     results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64, None, 1, "hw", recompute),
                     timeout_s=30, deadline_s=120)
     assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
+
+
+@pytest.mark.parametrize("name,ranks,microbatches,recompute,virtual", [
+    ("gpipe", 2, 3, "always", None), ("gpipe", 2, 3, "except-last", None), ("1f1b", 2, 4, "always", None),
+    ("1f1b", 4, 4, "except-last", None), ("interleaved-1f1b", 2, 2, "always", 2),
+])
+def test_early_recomputing_stages_get_the_single_devices_loss_and_gradients(name, ranks, microbatches, recompute,
+                                                                            virtual):
+    """The forward run under no_grad, then again in the backward before its gradient is awaited (copy streams' early
+    recompute, asked for without them: the CPU has none): the same numbers. Interleaved: a stage whose gradient
+    comes from a stage on its own rank recomputes inside autograd's backward, beside those that recompute early."""
+    schedule = build(name, ranks, microbatches, virtual)
+    results = spawn(gradient_step_worker, ranks, (schedule, MODEL, torch.float64, None, 1, "hw", recompute, 1, True),
+                    timeout_s=30, deadline_s=120)
+    assert_same_gradients(results, schedule.stage_to_rank[-1], *one_device_step(MODEL))
+
+
+@pytest.mark.parametrize("early,order", [
+    (True, ["F", "F", "F", "await", "F", "await"]),  # each backward's forward first, then its gradient awaited
+    (False, ["F", "F", "await", "F", "await", "F"]),  # checkpoint's forward again inside the backward, after it
+])
+def test_early_recompute_runs_the_forward_before_awaiting_the_gradient(early, order):
+    """Stage 0 of GPipe on 2 ranks, 2 micro-batches, its messages faked on one process: where the stage's forward
+    starts (a pre-hook: checkpoint stops the forward it runs again once it has what the backward needs) against
+    where the step awaits each gradient; an early-recomputed forward keeps no graph."""
+    schedule = build("gpipe", 2, 2)
+    stage = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+    runner = _Loopback(schedule, 0, {0: stage}, {}, recompute="always", early_recompute=early)
+    stage.register_forward_pre_hook(lambda *_: runner.log.append("F"))
+    stage.register_forward_hook(lambda _, __, y: runner.graphs.append(y.grad_fn is not None))
+    runner.step(StepIO([torch.randn(2, 4)] * 2, [torch.randn(2, 4)] * 2, 4))
+    assert runner.log == order
+    assert runner.graphs[:2] == [not early] * 2  # the two forwards proper: a graph only where checkpoint keeps one
+    assert all(p.grad is not None for p in stage.parameters())
+
+
+def test_early_recompute_draws_the_forwards_dropout_masks_again():
+    """A stage with dropout: the forward run again before the backward draws the masks its forward drew (the RNG
+    replayed, as checkpoint does), so it rebuilds the outputs sent on, and the gradients are checkpoint's."""
+    grads, outputs = {}, {}
+    for early in (True, False):
+        torch.manual_seed(0)
+        stage = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 4))
+        runner = _Loopback(build("gpipe", 2, 2), 0, {0: stage}, {}, recompute="always", early_recompute=early)
+        seen: list[torch.Tensor] = []
+        stage.register_forward_hook(lambda _, __, y, seen=seen: seen.append(y.detach().clone()))
+        runner.step(StepIO([torch.randn(2, 4), torch.randn(2, 4)], [torch.randn(2, 4)] * 2, 4))
+        grads[early], outputs[early] = [p.grad for p in stage.parameters()], seen
+    sent, rebuilt = outputs[True][:2], outputs[True][2:]  # micro-batch 0's and 1's forwards, then each again
+    assert all(torch.equal(a, b) for a, b in zip(sent, rebuilt, strict=True))
+    assert not torch.equal(sent[0], sent[1])
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False], strict=True))
+
+
+class _Loopback(StageRunner):
+    """A rank whose sends go nowhere and whose receives get ones at once, logging where a step awaits one."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[str] = []
+        self.graphs: list[bool] = []
+
+    def _send(self, a, deps, io, st):
+        self._handed(deps[0], st)
+
+    def _recv(self, a, deps, io, st):
+        st.received[a] = (torch.ones(2, 4), None)
+
+    def _await_message(self, recv, st):
+        self.log.append("await")
 
 
 def test_what_hws_runner_cannot_recompute_is_refused_in_one_line():

@@ -14,8 +14,9 @@ from conftest import equal_stages, make_profile, transformer_profile
 
 from parsim.cli import main
 from parsim.configuration import Configuration, predict
-from parsim.schedules import SCHEDULES, build
-from parsim.sim.lower import peak_held_bytes
+from parsim.profile import CollectiveSpec
+from parsim.schedules import SCHEDULES, Action, build
+from parsim.sim.lower import action_extras, peak_held_bytes
 from parsim.sim.predict import simulate
 from parsim.workload import (
     Decoder,
@@ -27,7 +28,13 @@ from parsim.workload import (
     stage_costs,
     transformer_model,
 )
-from parsim.workload.recompute import MODES, core_recomputing_actions, recomputes, recomputing_actions
+from parsim.workload.recompute import (
+    MODES,
+    core_recomputing_actions,
+    early_recomputing_actions,
+    recomputes,
+    recomputing_actions,
+)
 from parsim.workload.tensor_parallel import Split, TensorParallel
 
 T_F, T_B = 0.003, 0.0045
@@ -50,19 +57,122 @@ def test_recomputing_every_microbatch_is_a_backward_one_forward_longer(name, p, 
     assert sim.step_time_s == pytest.approx((m + p - 1) * (2 * T_F + T_B), rel=1e-12)
 
 
-@pytest.mark.parametrize("name,p,m", [("gpipe", 2, 4), ("1f1b", 4, 8), ("zb-h1", 2, 4), ("interleaved-1f1b", 2, 4)])
+@pytest.mark.parametrize("name,p,m", [("gpipe", 2, 4), ("1f1b", 4, 8), ("zb-h1", 2, 4), ("interleaved-1f1b", 2, 4),
+                                      ("zbv", 2, 4)])
 @pytest.mark.parametrize("mode", ["except-last", "always", "selective"])
-def test_both_engines_agree_to_the_bit_with_recomputation(name, p, m, mode):
+@pytest.mark.parametrize("copy_streams,data_parallel", [(False, 1), (True, 1), (True, 2)])
+def test_both_engines_agree_to_the_bit_with_recomputation(name, p, m, mode, copy_streams, data_parallel):
     profile = replace(make_profile(latency_s=20e-6, bandwidth_Bps=1e11, action_s=30e-6, p2p_s=10e-6),
                       host=replace(make_profile().host, action_s=30e-6, p2p_s=10e-6, recompute_s=40e-6,
                                    recompute_call_s=300e-6))
     schedule = build(name, p, m)
-    costs = [replace(c, layers=3, core_forward=Work(T_F / 4, 2e-4, 2))
+    costs = [replace(c, layers=3, core_forward=Work(T_F / 4, 2e-4, 2), grad_bytes=60 << 20)  # 3 DDP buckets
              for c in equal_stages(schedule.num_stages, T_F, T_B, host_s=1e-3)]
-    walked = simulate(schedule, costs, profile, recompute=mode, engine="longest-path")
-    machine = simulate(schedule, costs, profile, recompute=mode, engine="events")
+    profile = replace(profile, collectives={"allreduce": CollectiveSpec(30e-6, 1e11)})
+    walked = simulate(schedule, costs, profile, copy_streams, data_parallel, recompute=mode, engine="longest-path")
+    machine = simulate(schedule, costs, profile, copy_streams, data_parallel, recompute=mode, engine="events")
     assert walked.step_time_s == machine.step_time_s
     assert walked.busy_s == machine.busy_s
+
+
+# the early recompute on copy streams (torchgpipe's Checkpoint/Recompute split): the forward run again before the
+# gradient arrives, as an op of its own
+
+def _recomputing_in_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every recomputing backward runs its forward after its gradient, copy streams or not (as before them)."""
+    monkeypatch.setattr("parsim.sim.lower.early_recomputing_actions", lambda *_: [])
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("c", [0.0, T_F / 3, T_F])
+def test_gpipe_on_copy_streams_recomputes_the_last_backwards_forward_before_its_gradient(m, c, monkeypatch):
+    """2 stages, GPU-bound (free host), each message c <= t_f, every micro-batch recomputed. Stage 1's backwards
+    (t_f + t_b each: its gradient is its loss's, none to wait for) pace stage 0's, whose gradients arrive t_f + t_b
+    apart. Recomputing inside the backward: (m + 1)(2 t_f + t_b) + 2c, the last gradient's arrival plus t_f + t_b.
+    Early: stage 0's forward of micro-batch k runs again in the idle time before its gradient arrives (micro-batch 0's
+    right after the forwards, each later one right after the backward before, ending as its gradient arrives), so the
+    step ends t_b after the last arrival: exactly one t_f shorter, whatever c."""
+    schedule, costs, profile = build("gpipe", 2, m), equal_stages(2, T_F, T_B), make_profile(latency_s=c)
+    early = simulate(schedule, costs, profile, copy_streams=True, recompute="always")
+    assert early.step_time_s == pytest.approx((m + 1) * (2 * T_F + T_B) + 2 * c - T_F, rel=1e-12)
+    ops = early.machine.streams["gpu0 compute"].ops
+    assert [op.name for op in ops[m:m + 2]] == ["R(s0,m0)", "B(s0,m0)"]  # its own op, just before the backward
+    assert ops[m].end_s <= ops[m + 1].start_s and ops[m].start_s == pytest.approx(m * T_F, rel=1e-12)
+    _recomputing_in_backward(monkeypatch)
+    inside = simulate(schedule, costs, profile, copy_streams=True, recompute="always")
+    assert inside.step_time_s == pytest.approx((m + 1) * (2 * T_F + T_B) + 2 * c, rel=1e-12)
+    assert inside.busy_s == pytest.approx(early.busy_s, rel=1e-12)  # the same work, only placed earlier
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 10])
+@pytest.mark.parametrize("c", [0.0, T_F / 6, T_F / 2, 2 * T_F / 3, 2 * T_F])
+def test_1f1b_on_copy_streams_overlaps_each_round_trip_with_a_recompute(m, c, monkeypatch):
+    """2 stages, GPU-bound (free host), each message c, every micro-batch recomputed; h = (m - 1) // 2.
+
+    Stage 0 runs F(0) F(1) B(0) F(2) B(1) .. F(m-1) B(m-2) B(m-1), stage 1 F(0) B(0) F(1) B(1) .., its B t_f + t_b
+    (its gradient is its loss's). With x_k, v_k, y_k the ends of stage 0's F(k), stage 1's B(k), stage 0's B(k):
+      v_k = max(v_(k-1), x_k + c) + 2 t_f + t_b,   x_(k+2) = y_k + t_f,   x_0 = t_f, x_1 = 2 t_f,
+      inside the backward  y_k = max(x_(k+1), v_k + c) + t_f + t_b,
+      early                y_k = max(x_(k+1) + t_f, v_k + c) + t_b   (R(k) after F(k+1), B(k) after the gradient);
+    the step is y_(m-1) (B(m-1) follows B(m-2)). Solved: inside, (m + 1)(2 t_f + t_b) + 2c (h + 1), for micro-batch
+    k + 2's forward waits for micro-batch k's gradient, a round trip 2c on the critical path every two micro-batches.
+    Early, each of those round trips but the last overlaps stage 0's recompute, which fills min(2c, t_f) of it, and
+    the last backward's recompute runs before its gradient arrives: the step is t_f + h min(2c, t_f) shorter."""
+    schedule, costs, profile = build("1f1b", 2, m), equal_stages(2, T_F, T_B), make_profile(latency_s=c)
+    h = (m - 1) // 2
+    inside_s = (m + 1) * (2 * T_F + T_B) + 2 * c * (h + 1)
+    early = simulate(schedule, costs, profile, copy_streams=True, recompute="always")
+    assert early.step_time_s == pytest.approx(inside_s - T_F - h * min(2 * c, T_F), rel=1e-12)
+    _recomputing_in_backward(monkeypatch)
+    inside = simulate(schedule, costs, profile, copy_streams=True, recompute="always")
+    assert inside.step_time_s == pytest.approx(inside_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("name,m", [("gpipe", 4), ("1f1b", 6)])
+def test_without_copy_streams_the_forward_runs_again_after_the_gradient(name, m, monkeypatch):
+    """Without copy streams nothing is recomputed early: the step is the one recomputing inside every backward."""
+    schedule, costs, profile = build(name, 2, m), equal_stages(2, T_F, T_B), make_profile(latency_s=T_F / 2)
+    plain = simulate(schedule, costs, profile, recompute="always")
+    assert not any(op.name.startswith("R(") for op in plain.machine.streams["gpu0 compute"].ops)
+    _recomputing_in_backward(monkeypatch)
+    assert simulate(schedule, costs, profile, recompute="always").step_time_s == plain.step_time_s
+
+
+def test_early_recomputes_are_the_backwards_whose_gradient_comes_by_a_message():
+    """zbv places stages 0..3 on ranks 0, 1, 1, 0: stage 1's gradient comes from stage 2 on its own rank, stage 3's
+    is its loss's; those recompute inside their backward (here input-grads: the split backward recomputes at I)."""
+    schedule = build("zbv", 2, 4)
+    assert schedule.stage_to_rank == (0, 1, 1, 0)
+    early = early_recomputing_actions(schedule, "always", copy_streams=True)
+    assert {(a.op, a.stage) for a in early} == {("I", 0), ("I", 2)} and len(early) == 8
+    assert {a.microbatch for a in early_recomputing_actions(schedule, "except-last", True)} == {0, 1, 2}
+    assert early_recomputing_actions(schedule, "always", copy_streams=False) == []
+    assert early_recomputing_actions(schedule, "selective", copy_streams=True) == []  # the cores: in the backward
+
+
+def test_a_host_bound_step_pays_the_early_recompute_once(monkeypatch):
+    """GPU free, host slow, 2 ranks on copy streams: the recompute's launches move before the backward's, so the
+    host-bound step is the same early or not."""
+    profile = replace(make_profile(), host=replace(make_profile().host, action_s=50e-6))
+    costs = [replace(c, layers=3) for c in equal_stages(2, 0.0, 0.0, host_s=2e-3)]
+    early = simulate(build("1f1b", 2, 6), costs, profile, copy_streams=True, recompute="always").step_time_s
+    _recomputing_in_backward(monkeypatch)
+    inside = simulate(build("1f1b", 2, 6), costs, profile, copy_streams=True, recompute="always").step_time_s
+    assert early == pytest.approx(inside, rel=1e-12)
+
+
+def test_an_early_recompute_costs_the_host_a_forwards_launches_not_checkpoints():
+    """hw runs the early recompute as a plain forward (no checkpoint, none of its hooks): its launch is the stage
+    forward's, layer by layer, calibrated checkpoint cost or not; a backward recomputing inside pays the forward's
+    launches and checkpoint's own cost (an MLP block's launches free here)."""
+    host = replace(make_profile().host, recompute_s=40e-6, recompute_call_s=500e-6)
+    profile = replace(make_profile(), host=host)
+    costs = [replace(c, layers=3) for c in equal_stages(2, T_F, T_B, host_s=2e-3, chunks=3)]
+    schedule = build("gpipe", 2, 2)
+    extras = action_extras(schedule, costs, profile, "always", copy_streams=True)
+    assert extras.early == {Action("B", 0, i): (T_F, T_F / 3, 2e-3, 2e-3 / 3) for i in range(2)}
+    assert extras.host == {Action("B", 1, i): pytest.approx(2e-3 + 500e-6 + 3 * 40e-6) for i in range(2)}
+    assert extras.gpu == {Action("B", 1, i): T_F for i in range(2)}
 
 
 @pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 0.0), (500e-6, 40e-6), (500e-6, 400e-6)])

@@ -80,10 +80,13 @@ def check_runs(runtime: str, data_parallel: int = 1, copy_streams: bool = False,
         refuse_tp(data_parallel, copy_streams, recompute)
 
 
-def runner_options(runtime: str, recompute: str) -> dict[str, str]:
+def runner_options(runtime: str, recompute: str, early_recompute: bool | None = None) -> dict[str, str | bool]:
     """The keyword arguments beyond the common ones that `runtime`'s factory takes for a job (check_runs refuses
-    the rest): hw's runner's recompute mode."""
-    return {"recompute": recompute} if runtime == "hw" else {}
+    the rest): hw's runner's recompute mode, and whether it recomputes early where that is not copy streams' say
+    (hw.run.stage_runner.StageRunner)."""
+    if runtime != "hw":
+        return {}
+    return {"recompute": recompute} | ({} if early_recompute is None else {"early_recompute": early_recompute})
 
 
 def pins_host(runner: Runner) -> bool:
@@ -113,14 +116,17 @@ class RankGradients:
 
 def gradient_step_worker(rank: int, world: int, device: torch.device, schedule: Schedule, model: Model,
                          dtype: torch.dtype, fail_at: tuple[int, int] | None = None, data_parallel: int = 1,
-                         runtime: str = "hw", recompute: str = "never", tensor_parallel: int = 1) -> RankGradients:
-    """One pipelined step run by `runtime` (hw.run.runtimes), recomputing as `recompute` says, each stage split over
-    `tensor_parallel` ranks: this rank's loss (last stage, its replica's share) and its parameters' whole gradients
-    (averaged over replicas; a split one gathered) by global name."""
+                         runtime: str = "hw", recompute: str = "never", tensor_parallel: int = 1,
+                         early_recompute: bool | None = None) -> RankGradients:
+    """One pipelined step run by `runtime` (hw.run.runtimes), recomputing as `recompute` says (early or not as
+    `early_recompute` says: hw's runner), each stage split over `tensor_parallel` ranks: this rank's loss (last stage,
+    its replica's share) and its parameters' whole gradients (averaged over replicas; a split one gathered) by global
+    name."""
     made = job_groups(runtime, schedule, Groups(), data_parallel, tensor_parallel)
     runner, stages, replica = runner_factory(runtime, tensor_parallel)(schedule, model, rank, device, dtype, made,
                                                                        data_parallel,
-                                                                       **runner_options(runtime, recompute))
+                                                                       **runner_options(runtime, recompute,
+                                                                                        early_recompute))
     observe = _fail_after(fail_at[1]) if fail_at and fail_at[0] == rank else None
     loss = runner.step(replica_batch(model, schedule, replica, data_parallel, device, dtype), observe)
     layer_ids = stage_layers(model, schedule.num_stages)

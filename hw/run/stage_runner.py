@@ -3,6 +3,12 @@
 The rank executes its action list unchanged: the program parsim simulates is the program run here.
 Messages travel on one process group per directed channel (src, dst), as parsim models them:
 forward activations and backward gradients never queue behind each other.
+
+Recomputation runs a checkpointed micro-batch's stage forward again in its backward: inside autograd's backward
+(torch.utils.checkpoint, non-reentrant), after the gradient has arrived; or, under copy streams where the gradient
+arrives by a message, early (torchgpipe's Checkpoint/Recompute split): the forward ran under no_grad, and the
+backward runs it again with grad before its compute stream waits for the gradient's receive, which the copy stream
+moves meanwhile, then backpropagates the received gradient through the rebuilt graph.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from parsim.errors import ParsimError
 from parsim.schedules import Action, Op, Schedule
 from parsim.sim.dataflow import iter_waits, transfers
 from parsim.workload import Model, microbatch_tokens, stage_layers
-from parsim.workload.recompute import SELECTIVE, check_mode, recomputes, recomputes_cores, splits_backward
+from parsim.workload.recompute import (
+    SELECTIVE,
+    check_mode,
+    early_recomputing_actions,
+    recomputes,
+    recomputes_cores,
+    splits_backward,
+)
 from parsim.workload.timed import TimedLayer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> loss
@@ -124,6 +137,7 @@ class StepState:
     grads: dict[Action, torch.Tensor] = field(default_factory=dict)  # B or I -> grad of the stage's input
     weight_work: dict[Action, list] = field(default_factory=dict)  # forward's, then I's leftovers for W (see I)
     received: dict[Action, tuple[torch.Tensor, dist.Work]] = field(default_factory=dict)  # posted receives
+    rng: dict[Action, RngState] = field(default_factory=dict)  # early-recomputed forward -> the RNG it ran from
     sends: list[dist.Work] = field(default_factory=list)
     loss: torch.Tensor | None = None
 
@@ -162,6 +176,26 @@ def stage_shapes(model: Model, num_stages: int) -> tuple[tuple[int, ...], ...]:
     return tuple(model.layers[layers[-1]].out_shape for layers in stage_layers(model, num_stages))
 
 
+RngState = tuple[torch.Tensor, torch.Tensor | None]  # the CPU generator's state, and the GPU's where it ran there
+
+
+def rng_state(device: torch.device) -> RngState:
+    """The random generators' state a forward runs from (its dropout masks), as torch.utils.checkpoint keeps it."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+@contextmanager
+def replayed_rng(state: RngState, device: torch.device) -> Iterator[None]:
+    """While open, the generators as they were at `state`, so a forward run again draws what it drew; after, as
+    they were before."""
+    cpu, gpu = state
+    with torch.random.fork_rng(devices=[device] if gpu is not None else [], device_type=device.type):
+        torch.set_rng_state(cpu)
+        if gpu is not None:
+            torch.cuda.set_rng_state(gpu, device)
+        yield
+
+
 RECEIVES = frozenset({Op.RECV_F, Op.RECV_B})
 Deps = tuple[Action, ...]
 Handler = Callable[[Action, Deps, StepIO, StepState], None]
@@ -192,11 +226,13 @@ class StageRunner:
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module],
                  groups: dict[tuple[int, int], dist.ProcessGroup], loss_fn: LossFn = nn.functional.mse_loss,
                  offset: int = 0, grad_sync: dict[int, GradSync] | None = None, copy_streams: bool = False,
-                 recompute: str = "never", stride: int = 1):
+                 recompute: str = "never", stride: int = 1, early_recompute: bool | None = None):
         """rank is the pipeline rank; offset the global rank of its replica's rank 0 (data parallelism), plus its
         place in its tensor-parallel group, stride that group's size (pipeline rank q is global offset + stride q);
         copy_streams posts messages on a dedicated CUDA stream (no effect on the CPU); recompute: which
-        micro-batches' stage forwards are checkpointed (parsim.workload.recompute)."""
+        micro-batches' stage forwards are checkpointed (parsim.workload.recompute); early_recompute: whether a
+        backward whose gradient arrives by a message runs its forward again before waiting for it (default: under
+        copy streams, as parsim predicts it; the CPU's tests ask for it without)."""
         self.schedule, self.rank, self.stages, self.groups = schedule, rank, stages, groups
         on_gpu = any(p.is_cuda for m in stages.values() for p in m.parameters())
         self.copy_stream = torch.cuda.Stream() if copy_streams and on_gpu else None
@@ -205,20 +241,26 @@ class StageRunner:
                                  if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
+        self.recompute = check_recompute(schedule, recompute)
+        early = copy_streams if early_recompute is None else early_recompute
+        self.early = {a for a in early_recomputing_actions(schedule, self.recompute, early)
+                      if schedule.stage_to_rank[a.stage] == rank}
         waits = data_waits(schedule, rank)
+        self.rebuilt = {waits[a][0] for a in self.early}  # the forwards those backwards run again
         self.program = self._plan(waits)
         self.kept = {deps[0] for a, deps in waits.items() if a.op == Op.BACKWARD_INPUT}  # forwards an I runs from
-        self.recompute = check_recompute(schedule, recompute)
         if recomputes_cores(recompute):  # each block checkpoints its own attention core, every micro-batch
             for module in stages.values():
                 checkpoint_cores(module)
 
     def _plan(self, waits: dict[Action, Deps]) -> list[Planned]:
-        """This rank's actions in program order, each with all it needs, so a step looks nothing up."""
+        """This rank's actions in program order, each with all it needs, so a step looks nothing up; an early
+        recomputing backward waits for its gradient itself, after running its forward again."""
         handlers = {Op.FORWARD: self._forward, Op.BACKWARD: self._backward, Op.BACKWARD_INPUT: self._backward_input,
                     Op.BACKWARD_WEIGHT: self._backward_weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
                     Op.RECV_F: self._recv, Op.RECV_B: self._recv}
-        return [Planned(a, handlers[a.op], waits[a], next((d for d in waits[a] if d.op in RECEIVES), None))
+        return [Planned(a, self._backward_early, waits[a], None) if a in self.early else
+                Planned(a, handlers[a.op], waits[a], next((d for d in waits[a] if d.op in RECEIVES), None))
                 for a in self.schedule.actions[self.rank]]
 
     def step(self, io: StepIO, observe: Callable[[Action, str], None] | None = None) -> torch.Tensor | None:
@@ -301,6 +343,10 @@ class StageRunner:
             with capture_weighted_outputs(self.stages[s]) as captured:
                 y = self.stages[s](x)
             st.weight_work[a] = captured
+        elif a in self.rebuilt:  # keeps x and the RNG it ran from; its backward runs it again before its gradient
+            st.rng[a] = rng_state(x.device)
+            with torch.no_grad():
+                y = self.stages[s](x)
         elif recomputes(self.recompute, i, self.schedule.num_microbatches):  # keeps x; the backward runs it again
             y = checkpoint(self.stages[s], x, use_reentrant=False)
         else:
@@ -318,6 +364,20 @@ class StageRunner:
         """B: gradients of the stage's input and weights, from its forward (deps[0]) and its output's gradient."""
         x, y = st.inputs.pop(deps[0]), st.outputs.pop(deps[0])
         torch.autograd.backward(y, self._output_grad(deps, st))
+        if a.stage > 0:
+            st.grads[a] = grad_of(x)
+
+    def _backward_early(self, a: Action, deps: Deps, io: StepIO, st: StepState) -> None:
+        """B with its forward run again first (torchgpipe's Recompute): launched on the compute stream before that
+        stream waits for the gradient's receive (deps[1]), so it runs while the copy stream moves the gradient; then
+        the gradients of the stage's input and weights through the rebuilt graph."""
+        forward, recv = deps
+        x = st.inputs.pop(forward)
+        del st.outputs[forward]  # the no-grad forward's output, kept until now for its send
+        with torch.enable_grad(), replayed_rng(st.rng.pop(forward), x.device):
+            y = self.stages[a.stage](x)
+        self._await_message(recv, st)
+        torch.autograd.backward(y, self._handed(recv, st))
         if a.stage > 0:
             st.grads[a] = grad_of(x)
 
@@ -429,8 +489,9 @@ def replica_groups(schedule: Schedule, groups: Groups, data_parallel: int = 1) -
 
 def replica_runner(schedule: Schedule, model: Model, rank: int, device: torch.device, dtype: torch.dtype,
                    made: Made, data_parallel: int = 1, copy_streams: bool = False, recompute: str = "never",
-                   ) -> tuple[StageRunner, dict[int, nn.Module], int]:
-    """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets."""
+                   early_recompute: bool | None = None) -> tuple[StageRunner, dict[int, nn.Module], int]:
+    """This rank's runner, its stages and its replica; gradients averaged over replicas with DDP's buckets;
+    early_recompute as StageRunner takes it."""
     channels, replicas = made
     replica, q = divmod(rank, schedule.num_ranks)
     stages = stage_modules(model, schedule, q, device, dtype)
@@ -438,7 +499,8 @@ def replica_runner(schedule: Schedule, model: Model, rank: int, device: torch.de
     from hw.nets.blocks import loss_for
 
     runner = StageRunner(schedule, q, stages, channels[replica], loss_for(model), offset=replica * schedule.num_ranks,
-                         grad_sync=sync, copy_streams=copy_streams, recompute=recompute)
+                         grad_sync=sync, copy_streams=copy_streams, recompute=recompute,
+                         early_recompute=early_recompute)
     return runner, stages, replica
 
 

@@ -25,6 +25,7 @@ from parsim.sim.dataflow import GRAD, kept, stage_waits
 from parsim.sim.grad_allreduce import allreduce_spec
 from parsim.sim.lower import (
     GRADIENT_OPS,
+    Rebuilt,
     action_extras,
     comm_waits,
     compute_launches,
@@ -91,7 +92,7 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
         return None
     walked = 1 if replicas_alike(profile, schedule, data_parallel) else data_parallel
     launches = compute_launches(costs, profile)
-    extras = action_extras(schedule, costs, profile, recompute)
+    extras = action_extras(schedule, costs, profile, recompute, copy_streams)
     slower = lengthened(slower, extras.gpu)
     add_s = gradient_adds(profile, costs)
     rules = kept(schedule, "_stage_waits", stage_waits)
@@ -124,9 +125,9 @@ def settle_step(schedule: Schedule, costs: list[StageCost], profile: Profile, co
                 host.spans, host.posted = [], {}
             hosts.append(host)
             programs.append(iter(acts))  # where each walk has got to: its iterator's length hint (for progress)
-            if slower or extras.host or more or host.spans is not None:
+            if slower or extras.host or extras.early or more or host.spans is not None:
                 walkers.append(_walk(programs[-1], views[rank], end, more, profile.host.p2p_s, not copy_streams,
-                                     len(walkers), work, channels, host, extras.host, slower or None))
+                                     len(walkers), work, channels, host, extras.host, slower or None, extras.early))
             elif blocks is not None:
                 walkers.append(_walk_built(programs[-1], views[rank], blocks[rank], profile.host.p2p_s, len(walkers),
                                            work, host))
@@ -383,13 +384,15 @@ def _message_table(schedule: Schedule, costs: list[StageCost], profile: Profile,
 def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end: dict[str, list[Row]],
           more: dict[Action, list[Action]] | None, p2p_s: float, on_compute_stream: bool, me: int,
           work: list[int], channels: list[_Channel], host: _Host,
-          extras: dict[Action, float] | None = None, slower: Mapping[Action, float] | None = None) -> Iterator[None]:
+          extras: dict[Action, float] | None = None, slower: Mapping[Action, float] | None = None,
+          early: dict[Action, Rebuilt] | None = None) -> Iterator[None]:
     """One rank's program in order: its host's clock, its compute ops settled, its messages issued (and settled
     where this host is the second to issue them). Yields while an op waits for one not settled, its tag left
     in that op's slot; `work` gets the tags of what a settled op wakes. Hot: once per action, so what few actions
-    need (`slower`, `extras`, `more`: the actions in `odd`) is looked up for those only."""
+    need (`slower`, `extras`, `more`, `early`: the actions in `odd`) is looked up for those only. An `early`
+    backward's forward run again is settled first, as lowering's op of its own: after its stream and its forward."""
     t, free, busy = host.t, 0.0, 0.0  # the host starts after its runtime's bookkeeping (begin_s)
-    odd = {*(slower or ()), *(extras or ()), *(more or ())} or None
+    odd = {*(slower or ()), *(extras or ()), *(more or ()), *(early or ())} or None
     spans, posted = host.spans, host.posted
     for a in acts:
         kind, s, i = a
@@ -401,6 +404,31 @@ def _walk(acts: Iterator[Action], table: dict[str, dict[int, Entry | None]], end
                     table[op][s] = entry
             ready = free
             if odd is not None and a in odd:
+                if early is not None and a in early:  # its forward run again, before it waits for its gradient
+                    gpu_r, tail_r, host_r, first_r = early[a]
+                    dep = deps[0]  # its forward's row (dataflow.stage_waits: a backward's first wait)
+                    e = dep[i]
+                    while e.__class__ is not float:
+                        if e is None:
+                            dep[i] = [me]
+                        else:
+                            e.append(me)
+                        yield
+                        e = dep[i]
+                    if e > ready:
+                        ready = e
+                    if t + first_r > ready:
+                        ready = t + first_r
+                    e = ready + gpu_r
+                    last_issue = t + host_r
+                    if last_issue + tail_r > e:
+                        e = last_issue + tail_r
+                    busy += e - ready
+                    free = e
+                    t = last_issue
+                    if spans is not None:
+                        spans.append((a, ready, e))
+                    ready = free
                 if slower:  # lengthened as lowering lengthens it, after its gradient add
                     gpu_s += slower.get(a, 0.0)
                 if extras and a in extras:  # lowering's action_extras, as lowering adds them

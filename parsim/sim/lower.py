@@ -16,6 +16,7 @@ from parsim.workload import StageCost, Work, gradient_adds
 from parsim.workload.recompute import (
     RECOMPUTING_OPS,
     core_recomputing_actions,
+    early_recomputing_actions,
     recomputes,
     recomputes_cores,
     recomputing_actions,
@@ -70,6 +71,22 @@ class Chunk:
         return f"{self.action}[{self.k + 1}/{self.n}]"
 
 
+@dataclass(frozen=True)
+class Rebuild:
+    """The forward a recomputing backward runs again before its gradient arrives (under copy streams): its own op on
+    the compute stream, just before the backward's."""
+
+    action: Action
+
+    @property
+    def microbatch(self) -> int:
+        return self.action.microbatch
+
+    def __str__(self) -> str:
+        return f"R(s{self.action.stage},m{self.action.microbatch})"
+
+
+Rebuilt = tuple[float, float, float, float]  # an early recompute's (gpu_s, tail_s, host_s, first_s), as a launch's
 OpTable = dict[str, list[list["Task | None"]]]  # table[op][stage][microbatch]: an action's op
 
 
@@ -126,22 +143,25 @@ def lower(machine: Machine, schedule: Schedule, costs: list[StageCost], profile:
     ops = op_table(schedule)
     add_s = gradient_adds(profile, costs)
     firsts = first_gradient_actions(schedule)
-    extras = action_extras(schedule, costs, profile, recompute)
+    extras = action_extras(schedule, costs, profile, recompute, copy_streams)
     slower = lengthened(slower, extras.gpu)
-    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower)
+    rebuilds = rebuild_ops(machine, extras.early, gpu_offset, schedule.stage_to_rank)
+    parts_of = _compute_ops(machine, schedule, launches, gpu_offset, grad_buckets, ops, firsts, add_s, slower,
+                            rebuilds)
     _message_ops(machine, schedule, costs, profile, gpu_offset, ops)
     _host_programs(machine, schedule, launches, profile.host.p2p_s, copy_streams, gpu_offset, ops, parts_of, firsts,
-                   extras.host)
+                   extras.host, extras.early, rebuilds)
     return Lowered(ops, {a.stage: parts for a, parts in parts_of.items()})
 
 
 def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                  gpu_offset: int, grad_buckets: dict[int, int] | None, ops: OpTable, firsts: frozenset[Action],
                  add_s: list[float] | None = None, slower: Mapping[Action, float] | None = None,
-                 ) -> dict[Action, list[Task]]:
-    """Put each compute action's op on its GPU's compute stream, in program order, and in `ops`;
-    return the split actions' chunks (action -> ops; `ops` holds the last chunk). With add_s (per stage),
-    each gradient action but its stage's first (`firsts`) also adds its gradients into the step's."""
+                 rebuilds: dict[Action, Task] | None = None) -> dict[Action, list[Task]]:
+    """Put each compute action's op on its GPU's compute stream, in program order, and in `ops` (a backward's
+    `rebuilds` op just before its own); return the split actions' chunks (action -> ops; `ops` holds the last
+    chunk). With add_s (per stage), each gradient action but its stage's first (`firsts`) also adds its gradients
+    into the step's."""
     from parsim.sim.machine import Task
 
     parts_of: dict[Action, list[Task]] = {}
@@ -159,6 +179,8 @@ def _compute_ops(machine: Machine, schedule: Schedule, launches: dict[str, list[
                 gpu_s += add_s[stage]
             if slower:
                 gpu_s += slower.get(a, 0.0)
+            if rebuilds is not None and a in rebuilds:
+                stream.append(rebuilds[a])
             if not split or a not in split:
                 op = ops[kind][stage][mb] = Task(env, a, track, gpu_s, tail_s=tail_s)
                 stream.append(op)
@@ -200,10 +222,11 @@ def _message_ops(machine: Machine, schedule: Schedule, costs: list[StageCost], p
 def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, list[tuple[float, ...]]],
                    p2p_s: float, copy_streams: bool, gpu_offset: int, ops: OpTable,
                    parts_of: dict[Action, list[Task]], firsts: frozenset[Action],
-                   extras: dict[Action, float] | None = None) -> None:
+                   extras: dict[Action, float] | None = None, early: dict[Action, Rebuilt] | None = None,
+                   rebuilds: dict[Action, Task] | None = None) -> None:
     """Each rank's host program (a launch per op, in program order; `firsts` at their fresh host costs, `extras`
-    beside), and each op's dependencies: what its action waits for (dataflow's rules); a split action's first chunk
-    waits for them."""
+    beside; a backward's `rebuilds` op launched first, at its `early` costs), and each op's dependencies: what its
+    action waits for (dataflow's rules); a split action's first chunk waits for them; a rebuild, for its forward."""
     from parsim.sim.machine import Launch
 
     waits = iter_wait_keys(schedule, copy_streams)  # rank by rank, in program order
@@ -226,6 +249,11 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
                 if dep is not waiter and dep not in waiter_deps:
                     waiter_deps.append(dep)
             extra = extras.get(a, 0.0) if extras else 0.0
+            if rebuilds is not None and early is not None and a in rebuilds:
+                rebuild = rebuilds[a]
+                rebuild.deps.append(ops_of[ActionOp.FORWARD][stage][mb])
+                _, _, host_r, first_r = early[a]
+                append(new_tuple(Launch, (rebuild, host_r, first_r)))
             if kind not in COMPUTE_OPS:
                 append(new_tuple(Launch, (op, p2p_s + extra, p2p_s + extra)))
                 continue
@@ -244,28 +272,52 @@ def _host_programs(machine: Machine, schedule: Schedule, launches: dict[str, lis
 @dataclass(frozen=True)
 class Extras:
     """Seconds some actions pay beyond their stage's costs (action -> seconds; None where none do), which both
-    engines add as they are: on the GPU before the action's op is split, on the host before its first launch."""
+    engines add as they are: on the GPU before the action's op is split, on the host before its first launch; and
+    the backwards whose forward runs again as an op of its own before them (`early`; None where none does)."""
 
     gpu: dict[Action, float] | None
     host: dict[Action, float] | None
+    early: dict[Action, Rebuilt] | None = None
 
 
-def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, recompute: str = "never") -> Extras:
+def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, recompute: str = "never",
+                  copy_streams: bool = False) -> Extras:
     """host_extras, and each recomputing backward's forward run again (parsim.workload.recompute): its stage's
     forward on the GPU (selective: its attention cores'); on the host, the forward's launches (not a second
     action's cost) and, where calibrated, checkpointing's own cost: host.recompute_call_s per checkpoint, and per
     layer what host.recompute_s, timed on MLP blocks, costs beyond an MLP block's forward launches (selective: one
-    layer per core, each core its own checkpoint)."""
+    layer per core, each core its own checkpoint). Under copy streams, a backward whose gradient arrives by a
+    message runs that forward first, as its own op that waits for its forward but not for the gradient (`early`):
+    its stage's forward on the GPU, and on the host that forward's launches, layer by layer (hw runs it as a plain
+    forward, no checkpoint and none of its hooks)."""
     host = host_extras(schedule, profile) or {}
     # (action, the work run again, checkpoints, layers in each)
     redo = [(a, costs[a.stage].forward, 1, costs[a.stage].layers) for a in recomputing_actions(schedule, recompute)]
     redo += [(a, c.core_forward, c.core_forward.chunks, 1) for a in core_recomputing_actions(schedule, recompute)
              if (c := costs[a.stage]).core_forward.chunks]  # a stage without a core recomputes nothing
     call_s, hooks = profile.host.recompute_call_s, max(profile.host.recompute_s - probe_forward_host_s(profile), 0.0)
+    first = frozenset(early_recomputing_actions(schedule, recompute, copy_streams))
+    early: dict[Action, Rebuilt] = {}
     for a, again, calls, layers in redo:
+        if a in first:
+            chunks = max(again.chunks, 1)
+            early[a] = (again.gpu_s, again.gpu_s / chunks, again.host_s, again.host_s / chunks)
+            continue
         host[a] = host.get(a, 0.0) + again.host_s + calls * (call_s + layers * hooks)
-    gpu = {a: again.gpu_s for a, again, _, _ in redo}
-    return Extras(gpu or None, host or None)
+    gpu = {a: again.gpu_s for a, again, _, _ in redo if a not in first}
+    return Extras(gpu or None, host or None, early or None)
+
+
+def rebuild_ops(machine: Machine, early: dict[Action, Rebuilt] | None, gpu_offset: int,
+                stage_to_rank: tuple[int, ...]) -> dict[Action, Task] | None:
+    """The op of each early recompute (action_extras' `early`), on its backward's compute stream; its place in the
+    stream and its launch are _compute_ops' and _host_programs'."""
+    if not early:
+        return None
+    from parsim.sim.machine import Task
+
+    return {a: Task(machine.env, Rebuild(a), compute_track(gpu_offset + stage_to_rank[a.stage]), gpu_s, tail_s=tail_s)
+            for a, (gpu_s, tail_s, _, _) in early.items()}
 
 
 def probe_forward_host_s(profile: Profile) -> float:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from parsim.schedules import COMPUTE_OPS, PAIRED_RECV, Action, Op, Schedule
 from parsim.sim.dataflow import iter_wait_keys
-from parsim.sim.lower import Chunk, OpTable, comm_waits, compute_track
+from parsim.sim.lower import Chunk, OpTable, Rebuild, comm_waits, compute_track
 
 if TYPE_CHECKING:  # the machine's types only: it is the caller's, made where a step is lowered
     from parsim.sim.machine import Machine, Task
@@ -119,7 +119,7 @@ def machine_observed(schedule: Schedule, machine: Machine, table: OpTable, early
         issued = machine.hosts[rank].issued()
         posted.append({a: issued[id(ops[a.op][a.stage][a.microbatch])] for a in acts if a in early})
     windows = waiting(waits, posted, lambda d: ops[d[0]][d[1]][d[2]].end_s)
-    computes = [[(op.label.action if isinstance(op.label, Chunk) else op.label, op.start_s, op.end_s)
+    computes = [[(op.label.action if isinstance(op.label, (Chunk, Rebuild)) else op.label, op.start_s, op.end_s)
                  for op in machine.streams[compute_track(rank)].ops] for rank in range(schedule.num_ranks)]
     return computes, windows
 

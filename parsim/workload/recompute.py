@@ -5,7 +5,9 @@ The whole-stage modes are torchgpipe's: `always`, `except-last` (every micro-bat
 torchgpipe runs first, right after its forward) and `never` (the default: every activation kept). The recompute
 belongs to the action that first needs the activations: a whole backward B, or a split backward's input-grad I (its W
 then uses what I's recomputed graph kept). It costs one more stage forward there on the GPU, and checkpointing's cost
-on the host (parsim.sim.lower.action_extras).
+on the host (parsim.sim.lower.action_extras). Under copy streams, a backward whose gradient arrives by a message
+runs its forward again first, as its own op that waits for its stream but not for that gradient (torchgpipe's
+Checkpoint/Recompute split: `early_recomputing_actions`), so it overlaps the gradient's copy.
 
 `selective` is Megatron-LM's (Korthikanti et al. 2022): every micro-batch keeps everything but what each decoder
 block's attention core alone keeps (a layer's `core_freed_bytes_per_token`), and every B or I runs the cores'
@@ -70,6 +72,16 @@ def core_recomputing_actions(schedule: Schedule, mode: str) -> list[Action]:
     if not recomputes_cores(check_mode(mode)):
         return []
     return [a for acts in schedule.actions for a in acts if a.op in RECOMPUTING_OPS]
+
+
+def early_recomputing_actions(schedule: Schedule, mode: str, copy_streams: bool) -> list[Action]:
+    """The recomputing backwards that, under copy streams, run their forward again before their gradient arrives:
+    those whose gradient comes by a message (the next stage on another rank); none without copy streams, where the
+    forward runs again inside the backward, after the gradient (torch.utils.checkpoint's order)."""
+    if not copy_streams:
+        return []
+    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    return [a for a in recomputing_actions(schedule, mode) if a.stage < last and owner[a.stage + 1] != owner[a.stage]]
 
 
 def recomputing_actions(schedule: Schedule, mode: str) -> list[Action]:
