@@ -295,10 +295,11 @@ def main(args: argparse.Namespace) -> int:
     config = Config(args.steps, args.warmup, dtype)
     variants = [(d, c, t) for d in replicas for c in ((False, True) if args.copy_streams else (False,))
                 for t in args.tensor_parallel]
-    grid = [(model, [turn for p in gpus for d, c, t in variants for s in schedules for m in mbs
+    # one process group per model and GPU count, so that a run cut off keeps what it measured before
+    grid = [(model, [turn for d, c, t in variants for s in schedules for m in mbs
                      if (turn := tuple(job for r in runtimes for rc in args.recompute
                                        if (job := _job(s, p, m, model, config, d, c, r, rc, t))))])
-            for model in models]
+            for model in models for p in gpus]
     if not any(turns for _, turns in grid):
         raise ParsimError("no point of the grid can run: each needs layers >= stages, tokens divisible by the "
                           "micro-batch count, GPUs divisible by replicas x tensor-parallel degree (TP: an MLP "
@@ -328,7 +329,7 @@ def _validate(args: argparse.Namespace, out: Path, given: Profile | None, models
     profile, profile_path = _profile(args, out, given, any(m.layers[0].kind in ("conv", "down") for m in models),
                                      transformers, runtimes)
     csv_path, rows, samples = out / "results.csv", [], []
-    for model, turns in grid:  # one process group per model; the CSV grows after each
+    for model, turns in grid:  # one process group per model and GPU count; the CSV grows after each
         if not turns:
             continue
         world = max(turn[0].ranks for turn in turns)
