@@ -50,6 +50,7 @@ class Kind:
     # weight-grad, per C S^2 (0: not modelled)
     captured: int = 0
     held: int = 0
+    largest: int = 0  # weights per C^2 of its largest parameter (a later backward's gradient temporary); 0: all
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -60,16 +61,16 @@ KINDS = {
     # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output;
     # a split backward captures fc2's output (C; layernorm's and fc1's are in the stash) and keeps the gradients of
     # the layernorm's, fc1's and fc2's outputs (C + 4C + C)
-    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, spatial=False,
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, largest=4, spatial=False,
                 sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
     # relus keep their outputs too (the same tensors as the convs' inputs)
-    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2),
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, largest=9),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
     # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output
-    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, shrink=2),
+    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, largest=9, shrink=2),
 }
 
 
@@ -114,6 +115,11 @@ class Layer:
     @property
     def params(self) -> int:
         return self.formulas.weights * self.hidden**2 + self.formulas.vectors * self.hidden
+
+    @property
+    def largest_param(self) -> int:
+        """Elements of its largest parameter (fc1's or fc2's C x 4C, a 3x3 conv's C x C x 9)."""
+        return self.formulas.largest * self.hidden**2 or self.params
 
     @property
     def in_shape(self) -> tuple[int, ...]:
