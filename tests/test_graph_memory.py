@@ -128,8 +128,9 @@ def test_a_transformers_last_stage_keeps_every_micro_batchs_logits():
 def test_runtimes_dispatch_and_the_graphed_ones_refuse_recomputation(capsys: pytest.CaptureFixture[str]):
     schedule = build("1f1b", 2, 4)
     for name in ("hw", "torch"):
-        assert get_runtime(name).peak_bytes(MLP, schedule, 1, "none") == \
-            peak_bytes(MLP, schedule, 1, "none", keeps_outputs=get_runtime(name).keeps_outputs)
+        runtime = get_runtime(name)
+        assert runtime.peak_bytes(MLP, schedule, 1, "none") == \
+            peak_bytes(MLP, schedule, 1, "none", keeps_outputs=runtime.keeps_outputs, holds_sends=runtime.holds_sends)
     for name in ("graphs", "graphs-step"):
         assert get_runtime(name).peak_bytes(MLP, schedule, 1, "adam") == graphed_peak_bytes(MLP, schedule, 1, "adam")
     with pytest.raises(ModelError, match="keep every activation"):

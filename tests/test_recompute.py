@@ -211,12 +211,12 @@ def test_gpipe_holds_inputs_and_one_stash_when_recomputing(m):
 @pytest.mark.parametrize("m", [2, 4, 16])
 def test_recomputing_on_one_gpu_holds_what_one_microbatch_holds(m):
     """One stage (its input the batch, not counted), Adam's state held all step: every micro-batch recomputed holds
-    at its peak what a one-micro-batch step of the same size holds, and one layer's gradients that a later backward
-    makes before adding them into .grad (without Adam, the gradients the first backward made are held through the
-    later ones: more)."""
+    at its peak what a one-micro-batch step of the same size holds, and one parameter's gradient (fc1's or fc2's,
+    C x 4C) that a later backward makes before adding it into .grad (without Adam, the gradients the first backward
+    made are held through the later ones: more)."""
     model, samples = mlp_model(4, 256, 64 * m), 64
     one = rank_peak_bytes(model, build("gpipe", 1, 1), samples)
-    grads = model.layers[0].params * model.layers[0].dtype_bytes
+    grads = 4 * 256 * 256 * model.layers[0].dtype_bytes
     assert rank_peak_bytes(model, build("gpipe", 1, m), samples, "adam", "always") == [one[0] + grads]
     assert rank_peak_bytes(model, build("gpipe", 1, m), samples, "adam", "never") > one
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from parsim.configuration import Configuration, prepare
 from parsim.profile import load_profile
+from parsim.workload import microbatch_tokens, rank_peak_bytes
 from parsim.workload.configs import named_model
 
 
@@ -49,6 +51,16 @@ def main(run: Path, profiles: list[str]) -> None:
                   f"peak per GPU measured {got / 2**30:.2f} GiB, predicted {peaks / 2**30:.2f} GiB "
                   f"({peaks / got - 1:+.1%}); with Adam's master weights and moments "
                   f"{adam / 1e9:.1f} GB predicted")
+            print("    per rank: " + "; ".join(per_rank(prepared, by_rank)))
+
+
+def per_rank(prepared: Any, measured_bytes: dict[int, int]) -> list[str]:
+    """Each rank's measured peak against the runtime's walk of that rank (hw's: its sends held to the step's end)."""
+    model, schedule = prepared.run_model, prepared.schedule
+    peaks = rank_peak_bytes(model, schedule, microbatch_tokens(model, schedule.num_microbatches), "none",
+                            prepared.config.recompute, prepared.runtime.keeps_outputs, prepared.runtime.holds_sends)
+    return [f"rank {r} measured {measured_bytes[r] / 2**30:.2f} GiB, predicted {p / 2**30:.2f} GiB "
+            f"({p / measured_bytes[r] - 1:+.1%})" for r, p in enumerate(peaks)]
 
 
 if __name__ == "__main__":

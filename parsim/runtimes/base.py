@@ -26,6 +26,7 @@ class Runtime(ABC):
     summary: str  # one line for --help and reports
     copy_streams: bool = False  # it posts messages as hw's runner does, so hw's copy streams apply
     keeps_outputs: bool = False  # its last stage keeps every micro-batch's output until the step ends
+    holds_sends: bool = False  # each send's handle, and so its tensor, kept until the step ends (hw's runner)
     graphed: bool = False  # each compute action a CUDA graph, a rank's in one pool (parsim.workload.graph_memory)
 
     @abstractmethod
@@ -55,7 +56,7 @@ class Runtime(ABC):
     def peak_bytes(self, model: Model, schedule: Schedule, data_parallel: int = 1, optimizer: str = "adam",
                    recompute: str = "never") -> int:
         """The most memory any one GPU holds in a step as this runtime runs `schedule`: parsim.workload.memory's
-        walk (its last stage's outputs kept where it keeps them), or a graphed runtime's
+        walk (its last stage's outputs, and its sent tensors, kept where it keeps them), or a graphed runtime's
         (parsim.workload.graph_memory)."""
         if self.graphed:
             from parsim.workload.graph_memory import graphed_peak_bytes
@@ -63,7 +64,7 @@ class Runtime(ABC):
             return graphed_peak_bytes(model, schedule, data_parallel, optimizer, recompute)
         from parsim.workload.memory import peak_bytes
 
-        return peak_bytes(model, schedule, data_parallel, optimizer, recompute, self.keeps_outputs)
+        return peak_bytes(model, schedule, data_parallel, optimizer, recompute, self.keeps_outputs, self.holds_sends)
 
     def costs(self, profile: Profile) -> Profile:
         """`profile` as this runtime pays it: its host costs in place of hw's runner's."""

@@ -16,6 +16,7 @@ class EagerRuntime(Runtime):
     name = "hw"
     summary = "hw's eager runner: parsim's action lists, one process group per directed channel"
     copy_streams = True
+    holds_sends = True  # StageRunner waits its sends once the step is done; each handle holds its tensor till then
 
     def build(self, schedule: str, num_ranks: int, num_microbatches: int,
               virtual_stages: int | None = None) -> Schedule:

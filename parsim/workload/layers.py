@@ -52,6 +52,7 @@ class Kind:
     captured: int = 0
     held: int = 0
     early: int = 0
+    largest: int = 0  # weights per C^2 of its largest parameter (a later backward's gradient temporary); 0: all
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -63,7 +64,8 @@ KINDS = {
     # a split backward captures fc2's output (C; layernorm's and fc1's are in the stash) and keeps the gradients of
     # the layernorm's, fc1's and fc2's outputs (C + 4C + C); its weight-grad frees the layernorm's input and fc2's
     # (GELU's output) as it goes, the layernorm's output (fc1's input, a captured output) when it ends
-    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, early=5, spatial=False,
+    "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, early=5, largest=4,
+                spatial=False,
                 sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
@@ -71,13 +73,14 @@ KINDS = {
     # norms' outputs (each relu keeps its own output instead) and conv2's, and keeps the gradients of all four
     # modules' outputs (conv2's is the block's output gradient); its weight-grad frees bn1's input as it goes, conv1's
     # output (bn2's input, a captured output) when it ends
-    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1),
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1, largest=9),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
     # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output; a split backward captures
     # bn1's output (2), bn2's, conv2's and the shortcut's, and keeps their and conv1's output gradients, conv2's and
     # the shortcut's one tensor (the sum's); its weight-grad frees bn1's input as it goes, conv1's output when it ends
-    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, captured=5, held=5, early=2, shrink=2),
+    "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, captured=5, held=5, early=2, largest=9,
+                 shrink=2),
 }
 
 
@@ -122,6 +125,11 @@ class Layer:
     @property
     def params(self) -> int:
         return self.formulas.weights * self.hidden**2 + self.formulas.vectors * self.hidden
+
+    @property
+    def largest_param(self) -> int:
+        """Elements of its largest parameter (fc1's or fc2's C x 4C, a 3x3 conv's C x C x 9)."""
+        return self.formulas.largest * self.hidden**2 or self.params
 
     @property
     def in_shape(self) -> tuple[int, ...]:

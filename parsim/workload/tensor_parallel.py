@@ -174,6 +174,11 @@ class Split:
         return int((self.layer.params - replicated) // self._t + replicated)
 
     @property
+    def largest_param(self) -> int:
+        """Elements of its largest parameter on one GPU: every matrix is split t ways."""
+        return int(getattr(self.layer, "largest_param", self.layer.params)) // self._t
+
+    @property
     def _replicated_params(self) -> int:
         """Parameters every GPU of the group holds whole: norms, row-parallel biases, learned positions."""
         x = self.layer

@@ -128,6 +128,13 @@ class Decoder(_SequenceLayer):
         return t.hidden * (t.q_width + 2 * t.kv_width) + t.q_width * t.hidden + mlp
 
     @property
+    def largest_param(self) -> int:
+        """Elements of its largest weight: an MLP matrix (H x I), the q or out projection, or GPT's fused qkv."""
+        t = self.shape
+        qkv = t.q_width + 2 * t.kv_width if not self._llama else t.q_width
+        return t.hidden * max(t.ffn, qkv, t.q_width)
+
+    @property
     def params(self) -> int:
         t = self.shape
         weights = self.matmul_macs_per_token
@@ -257,6 +264,11 @@ class Embedding(_SequenceLayer):
         return (self.shape.vocab + self.shape.positions) * self.shape.hidden
 
     @property
+    def largest_param(self) -> int:
+        """Elements of its token table (V x H; learned positions are a table apart)."""
+        return max(self.shape.vocab, self.shape.positions) * self.shape.hidden
+
+    @property
     def cost_key(self) -> str:
         return f"embed@{self.shape.vocab}x{self.shape.hidden}"
 
@@ -321,6 +333,11 @@ class Head(_SequenceLayer):
     @property
     def params(self) -> int:
         return self._norm_vectors * self.shape.hidden + self.shape.hidden * self.shape.vocab
+
+    @property
+    def largest_param(self) -> int:
+        """Elements of its output matrix (H x V)."""
+        return self.shape.hidden * self.shape.vocab
 
     @property
     def cost_key(self) -> str:
