@@ -7,6 +7,10 @@
 #   1. interleaved-1f1b m=32, v=4, pp 4 x dp 2, recompute always, time-balanced -> 16 blocks, pp 2, v 4, m 32
 #   2. the same with equal stages
 #   3. interleaved-1f1b m=64, v=2, pp 8, recompute except-last, time-balanced -> 8 blocks, pp 2, v 2, m 64
+#   4. interleaved-1f1b m=32, v=2, pp 8, recompute except-last, time-balanced -> 8 blocks, pp 2, v 2, m 32 of 2
+#   5. 1f1b m=64, pp 8, recompute except-last, time-balanced -> 8 blocks, pp 2, m 64
+# Picks 1-3 were plan's top 3 on 2026-11-28 (measured then); once the model held the tensors hw's runner sends until
+# the step ends, plan's top 3 became 3, 4 and 5. PICKS: which to run (default "3 4 5").
 # usage: PROFILE=FILE lab/recompute/plan-pick.sh OUT [RUN]   (from the checkout's root; NCCL_NVLS_ENABLE=0 etc.)
 #   CPU=1: a tiny stand-in on the CPU (a check of the script)
 set -u
@@ -38,16 +42,22 @@ blocks 8 "$work/llama-3-8b-8.json"
 seq=4096 steps=${STEPS:-2}
 cpu=()
 [ -n "${CPU:-}" ] && seq=16 cpu=(--cpu)
-pick() {  # pick NAME LIMIT flags...
-  local name=$1 limit=$2
+pick() {  # pick N SCHEDULE flags...: measured where PICKS names N, in an equal share of the time left
+  local n=$1 schedule=$2 left
   shift 2
-  part "$name" "$limit" python3 -m hw measure --gpus 2 --schedule interleaved-1f1b --seq-len "$seq" --steps "$steps" \
-    --warmup 1 --no-baseline --profile "$profile" --json "${cpu[@]}" "$@"
+  case " ${PICKS:-3 4 5} " in *" $n "*) ;; *) return;; esac
+  left=$(echo "${PICKS:-3 4 5}" | tr ' ' '\n' | awk -v n="$n" '$1 >= n' | wc -l)
+  part "pick$n" $(((end - SECONDS) / left)) python3 -m hw measure --gpus 2 --schedule "$schedule" --seq-len "$seq" \
+    --steps "$steps" --warmup 1 --no-baseline --profile "$profile" --json "${cpu[@]}" "$@"
 }
-pick pick1 $(((end - SECONDS) / 3)) --model "$work/llama-3-8b-16.json" --global-batch 32 --microbatches 32 \
-  --virtual-stages 4 --recompute always --partition time
-pick pick2 $(((end - SECONDS) / 2)) --model "$work/llama-3-8b-16.json" --global-batch 32 --microbatches 32 \
-  --virtual-stages 4 --recompute always --partition equal
-pick pick3 $((end - SECONDS)) --model "$work/llama-3-8b-8.json" --global-batch 64 --microbatches 64 \
-  --virtual-stages 2 --recompute except-last --partition time
+b16=(--model "$work/llama-3-8b-16.json") b8=(--model "$work/llama-3-8b-8.json")
+pick 1 interleaved-1f1b "${b16[@]}" --global-batch 32 --microbatches 32 --virtual-stages 4 --recompute always \
+  --partition time
+pick 2 interleaved-1f1b "${b16[@]}" --global-batch 32 --microbatches 32 --virtual-stages 4 --recompute always \
+  --partition equal
+pick 3 interleaved-1f1b "${b8[@]}" --global-batch 64 --microbatches 64 --virtual-stages 2 --recompute except-last \
+  --partition time
+pick 4 interleaved-1f1b "${b8[@]}" --global-batch 64 --microbatches 32 --virtual-stages 2 --recompute except-last \
+  --partition time
+pick 5 1f1b "${b8[@]}" --global-batch 64 --microbatches 64 --recompute except-last --partition time
 ls -la "$out"

@@ -28,7 +28,8 @@ def configuration(run: Path, report: dict) -> Configuration:
     c = report["config"]
     blocks = c["layers"] - 2  # the embedding and the head
     model = named_model(str(run / f"llama-3-8b-{blocks}.json"), 4096, c["tokens"])
-    return Configuration(model, c["schedule"], c["gpus"], c["microbatches"], c["stages"] // c["gpus"],
+    virtual = c["stages"] // c["gpus"]
+    return Configuration(model, c["schedule"], c["gpus"], c["microbatches"], virtual if virtual > 1 else None,
                          partition=tuple(c["balance"]), recompute=c["recompute"])
 
 
