@@ -27,6 +27,9 @@ H, TOKENS, LAYERS = 256, 4096, 4
 MLP = mlp_model(LAYERS, H, TOKENS)
 
 
+FC2_GRADS = (4 * H * H + H) * 2  # fc2's gradients, the first an MLP block's backward makes
+
+
 def _mlp_bytes(n: int) -> tuple[int, int, int]:
     """An MLP block of width H on n tokens, bf16: (stash, a token row of n tokens = its input and output, gradients)."""
     return 10 * H * n * 2, H * n * 2, (8 * H * H + 7 * H) * 2
@@ -35,14 +38,15 @@ def _mlp_bytes(n: int) -> tuple[int, int, int]:
 def test_gpipe_on_one_gpu_peaks_at_the_first_backward_with_every_output_kept():
     """One stage, m micro-batches of n tokens, no optimizer: the pool holds every micro-batch's stash (less the
     first layer's input, which is the static copy of the batch) and its output, and the first backward's first
-    layer makes its gradients; it ends with the gradients and the m outputs. Outside it: the weights and the
-    copies of the batch's inputs and targets."""
+    layer holds its working memory (the output's gradient and fc2's input gradient: 5 rows) beside fc2's gradients;
+    it ends with the gradients and the m outputs. Outside it: the weights and the copies of the batch's inputs and
+    targets."""
     m = 4
     n = TOKENS // m
     stash, row, grads = _mlp_bytes(n)
     weights = LAYERS * grads
     (rank,) = graphed_ranks(MLP, build("gpipe", 1, m), n, "none")
-    assert rank.pool_peak == m * (LAYERS * stash - row) + m * row + grads
+    assert rank.pool_peak == m * (LAYERS * stash - row) + m * row + 5 * row + FC2_GRADS
     assert rank.pool_end == LAYERS * grads + m * row
     assert rank.buffers == 2 * m * row and rank.static == weights
     assert graphed_peak_bytes(MLP, build("gpipe", 1, m), 1, "none") == weights + 2 * m * row + rank.pool_peak
@@ -92,12 +96,13 @@ def test_a_weight_grad_frees_each_blocks_saved_inputs_before_the_next_blocks_gra
 
 def test_later_backwards_make_the_gradients_again_before_adding_them_in():
     """1F1B on one GPU with one layer: F B F B. The second backward holds the first's gradients (the step's) and
-    its own until it adds them in, over the second micro-batch's stash less the layer's input (the static batch)."""
+    its own until it adds them in, over the second micro-batch's stash less the layer's input (the static batch):
+    at its working memory's peak (5 rows), only fc2's are made."""
     model = mlp_model(1, H, TOKENS)
     n = TOKENS // 2
     stash, row, grads = _mlp_bytes(n)
     (rank,) = graphed_ranks(model, build("1f1b", 1, 2), n, "none")
-    assert rank.pool_peak == grads + row + (stash - row) + row + grads
+    assert rank.pool_peak == grads + row + (stash - row) + row + 5 * row + FC2_GRADS
     assert rank.pool_end == grads + 2 * row
 
 

@@ -138,16 +138,18 @@ def test_transformer_memory_per_gpu_follows_the_split(t):
 
 
 def test_peak_memory_per_gpu_is_the_split_weights_and_stash():
-    """One stage of GPipe at one micro-batch (an MLP block has no working memory beyond its stash): a GPU's peak is
-    16 bytes (Adam) per parameter it holds plus every layer's split stash for the micro-batch."""
+    """One stage of GPipe at one micro-batch: a GPU's peak is 16 bytes (Adam) per parameter it holds plus every
+    layer's split stash for the micro-batch, and the last layer's backward working memory: the output's gradient
+    (whole, h per token) and fc2's input gradient (4h/t: fc2 is row-parallel), 5h per token unsplit."""
     layers, h, tokens, t = 4, 256, 128, 2
     model, profile = mlp_model(layers, h, tokens), tp_profile()
     split = prepare(Configuration(model, "gpipe", t, 1, tensor_parallel=t), profile)
     params = layers * ((8 * h * h + 4 * h) // t + 3 * h)
     stash = layers * (2 * h + 8 * h // t) * 2 * tokens
-    assert peak_bytes(split.run_model, split.schedule) == 16 * params + stash
+    assert peak_bytes(split.run_model, split.schedule) == 16 * params + stash + (h + 4 * h // t) * 2 * tokens
     whole = prepare(Configuration(model, "gpipe", 1, 1), profile)
-    assert peak_bytes(whole.model, whole.schedule) == 16 * layers * (8 * h * h + 7 * h) + layers * 10 * h * 2 * tokens
+    assert peak_bytes(whole.model, whole.schedule) == (16 * layers * (8 * h * h + 7 * h) + layers * 10 * h * 2 * tokens
+                                                       + 5 * h * 2 * tokens)
 
 
 def test_one_way_tensor_parallelism_is_the_model_itself():

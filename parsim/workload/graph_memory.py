@@ -155,7 +155,7 @@ def pool_walk(acts: tuple[Action, ...], stages: list[GraphedStage]) -> tuple[int
             for k in reversed(range(len(layers))):
                 layer = layers[k]
                 if a.op == Op.BACKWARD:
-                    peak = max(peak, held + layer.backward_workspace + layer.grads)
+                    peak = max(peak, held + layer.backward_peak(layer.grads))
                     held += layer.grads - stage.stash(k)
                     made += layer.grads
                 else:  # input-grad: the stash stays for the weight-grad, beside the output gradients it keeps

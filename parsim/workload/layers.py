@@ -53,6 +53,11 @@ class Kind:
     held: int = 0
     early: int = 0
     largest: int = 0  # weights per C^2 of its largest parameter (a later backward's gradient temporary); 0: all
+    # its backward's working memory beyond its stash, per C S^2: the gradient reaching its output, and the most of its
+    # inner gradients alive at once beyond the saved tensors already freed (0: not modelled)
+    backward: int = 0
+    peak_weights: int = 0  # weights per C^2 and vectors per C whose gradients exist at that peak (0, 0: all)
+    peak_vectors: int = 0
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
@@ -63,23 +68,32 @@ KINDS = {
     # kept: layernorm input and output (C each), fc1 output and gelu output (4C each); gelu alone keeps fc1's output;
     # a split backward captures fc2's output (C; layernorm's and fc1's are in the stash) and keeps the gradients of
     # the layernorm's, fc1's and fc2's outputs (C + 4C + C); its weight-grad frees the layernorm's input and fc2's
-    # (GELU's output) as it goes, the layernorm's output (fc1's input, a captured output) when it ends
+    # (GELU's output) as it goes, the layernorm's output (fc1's input, a captured output) when it ends; its backward
+    # holds, beyond the stash, the output's gradient (C) and 4C: fc2's input gradient beside GELU's output, then,
+    # that output freed, GELU's input gradient beside it (each node's saved tensors go once it has run), when fc2's
+    # gradients (4C^2 + C) alone are made
     "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, early=5, largest=4,
-                spatial=False,
+                backward=5, peak_weights=4, peak_vectors=1, spatial=False,
                 sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
     # relus keep their outputs too (the same tensors as the convs' inputs); a split backward captures both batch
     # norms' outputs (each relu keeps its own output instead) and conv2's, and keeps the gradients of all four
     # modules' outputs (conv2's is the block's output gradient); its weight-grad frees bn1's input as it goes, conv1's
-    # output (bn2's input, a captured output) when it ends
-    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1, largest=9),
+    # output (bn2's input, a captured output) when it ends; its backward holds, beyond the stash, the output's
+    # gradient and the second ReLU's input and output gradients (3 C S^2), when conv2's weight gradient alone is made
+    "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1, largest=9,
+                 backward=3, peak_weights=9),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
     # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output; a split backward captures
     # bn1's output (2), bn2's, conv2's and the shortcut's, and keeps their and conv1's output gradients, conv2's and
-    # the shortcut's one tensor (the sum's); its weight-grad frees bn1's input as it goes, conv1's output when it ends
+    # the shortcut's one tensor (the sum's); its weight-grad frees bn1's input as it goes, conv1's output when it ends;
+    # its backward holds, beyond the stash, the output's gradient and 2 C S^2: the second ReLU's gradients, then, its
+    # output and conv1's freed, the first conv's and the shortcut's gradients of a (added in place), when all but
+    # bn1's gradients are made
     "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, captured=5, held=5, early=2, largest=9,
+                 backward=3, peak_weights=14, peak_vectors=2,
                  shrink=2),
 }
 
@@ -171,9 +185,19 @@ class Layer:
         """What of the stash a split backward's weight-grad frees as it goes, module by module (see KINDS)."""
         return self.formulas.early * self.hidden * self.side**2 * self.dtype_bytes
 
-    # working memory (see parsim.workload.memory): not modelled for these kinds, never checked on a GPU
+    # the forward's working memory (see parsim.workload.memory): not modelled for these kinds
     forward_workspace_bytes_per_token = 0
-    backward_workspace_bytes_per_token = 0
+
+    @property
+    def backward_workspace_bytes_per_token(self) -> int:
+        """Live beyond the stash while its backward runs (see KINDS; 0 where not modelled: the conv kinds)."""
+        return self.formulas.backward * self.hidden * self.side**2 * self.dtype_bytes
+
+    @property
+    def backward_peak_params(self) -> int:
+        """Parameters whose gradients its backward has made when its working memory peaks (see KINDS)."""
+        k = self.formulas
+        return k.peak_weights * self.hidden**2 + k.peak_vectors * self.hidden if k.peak_weights else self.params
 
     @property
     def core_parts(self) -> tuple[Part, ...]:

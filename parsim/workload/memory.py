@@ -57,6 +57,13 @@ class LayerMemory:
     grads: int  # its parameters' gradients
     grad_step: int  # its largest parameter's gradient: what a later backward holds apart before adding it
     early: int = 0  # of the stash, what a split backward's weight-grad frees as it makes the gradients (see _walk)
+    peak_grads: int | None = None  # of its gradients, those made when its backward's working memory peaks; None: all
+
+    def backward_peak(self, made: int) -> int:
+        """The most its backward holds beyond what was held before it, `made` its gradients' bytes it makes: its
+        working memory beside the gradients made by then (its last weighted module's), or all of them."""
+        by_then = made if self.peak_grads is None else min(made, self.peak_grads)
+        return max(self.backward_workspace + by_then, made)
 
 
 def layer_memory(layer: Any, samples: int, selective: bool = False) -> LayerMemory:
@@ -67,7 +74,15 @@ def layer_memory(layer: Any, samples: int, selective: bool = False) -> LayerMemo
                        layer.backward_workspace_bytes_per_token * samples,
                        layer.captured_bytes_per_token * samples,
                        layer.weight_grad_held_bytes_per_token * samples, layer.params * layer.dtype_bytes,
-                       largest_grad_bytes(layer), layer.early_freed_bytes_per_token * samples)
+                       largest_grad_bytes(layer), layer.early_freed_bytes_per_token * samples,
+                       peak_grad_bytes(layer))
+
+
+def peak_grad_bytes(layer: Any) -> int | None:
+    """The gradients its backward has made when its working memory peaks (an MLP block's: fc2's, the first
+    module its backward runs); None (all of them) for a layer that does not say."""
+    params = getattr(layer, "backward_peak_params", None)
+    return None if params is None else int(params * layer.dtype_bytes)
 
 
 def largest_grad_bytes(layer: Any) -> int:
@@ -203,7 +218,7 @@ def _walk(acts: tuple[Action, ...], stages: list[list[LayerMemory]], outputs: li
                 layer = layers[i]
                 if a.op == Op.BACKWARD:
                     new, made = grads(a.stage, i, layer)
-                    peak = max(peak, held + layer.backward_workspace + made)
+                    peak = max(peak, held + layer.backward_peak(made))
                     held += new - layer.stash
                 else:
                     peak = max(peak, held + layer.backward_workspace)

@@ -302,7 +302,18 @@ class Split:
         if isinstance(x, Head):  # loss_parallel's backward holds the zeros it scatters into, the log-softmax's
             s = x.shape  # exponentials and their sum: one fp32 copy more than the fused kernel
             return int(x.backward_workspace_bytes_per_token + s.seq * s.vocab * s.acc_bytes) // self._t
+        if isinstance(x, Layer) and x.kind == "mlp":  # the output's gradient (whole), fc2's input gradient (4C/t)
+            return self._values(x.hidden, 4 * x.hidden)
         return int(x.backward_workspace_bytes_per_token)
+
+    @property
+    def backward_peak_params(self) -> int:
+        """Parameters whose gradients exist when its backward's working memory peaks: an MLP block's fc2, its
+        matrix split t ways and its bias whole; all of them for other layers."""
+        x = self.layer
+        if isinstance(x, Layer) and x.kind == "mlp":
+            return int(x.backward_peak_params - x.hidden) // self._t + x.hidden
+        return self.params
 
     @property
     def captured_bytes_per_token(self) -> int:
