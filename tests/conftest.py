@@ -1,9 +1,10 @@
-"""Shared builders: profiles whose costs the tests set exactly."""
+"""Shared builders: profiles whose costs the tests set exactly, and the CPU allocator's peak over a call."""
 
 from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Callable
 
 import pytest
 
@@ -97,3 +98,22 @@ def assert_same_gradients(results: list, last: int, loss: object, grads: dict) -
     assert got.keys() == grads.keys()
     for key, g in grads.items():
         assert torch.allclose(got[key], g, rtol=1e-10, atol=1e-14), key
+
+
+def allocator_peak_bytes(run: Callable[[], object]) -> int:
+    """The most bytes the CPU allocator holds while `run` runs beyond what it held before, from torch.profiler's
+    memory events. Garbage of earlier tests is collected first: freed inside the profile, blocks allocated before it
+    would count as negative bytes."""
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    held = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]"):
+        held += nbytes
+        peak = max(peak, held)
+    return peak

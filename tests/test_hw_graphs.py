@@ -4,6 +4,7 @@ eager runner bit for bit, captures in program order replayed in that order, stat
 from __future__ import annotations
 
 import pytest
+from conftest import allocator_peak_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -160,19 +161,7 @@ def test_the_static_tensors_outside_the_pool_are_what_parsim_counts(name: str, r
 def _capture_peak_bytes(runner: GraphRunner, io) -> int:
     """The most bytes the CPU allocator holds while `runner` captures (EagerGraphs: its warm-up and its captures run
     the same functions from the same state) beyond its static tensors: the pool's peak on a GPU."""
-    import gc
-
-    from torch.profiler import ProfilerActivity, profile
-
-    gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        runner.prepare(io)
-    held = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                            if e.name() == "[memory]"):
-        held += nbytes
-        peak = max(peak, held)
-    return peak - runner.static_bytes()
+    return allocator_peak_bytes(lambda: runner.prepare(io)) - runner.static_bytes()
 
 
 @pytest.mark.parametrize("name,virtual", [("gpipe", None), ("1f1b", None), ("zb-h1", None), ("zbv", None),

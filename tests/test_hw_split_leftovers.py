@@ -33,10 +33,9 @@ class _Packed:
         self.t = t
 
 
-def _left_after_split_backward(layer, samples: int) -> int:
-    """Bytes of the distinct storages autograd still keeps after an input-grad (graph retained) and each weighted
-    module's weight-grad, as hw.run.cuda_graphs runs them, with the forward's output still held; the module's own
-    tensors, its input and the targets (static tensors of the runner) left out."""
+def _made(layer, samples: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]:
+    """The module hw runs for `layer` in fp64, a batch of `samples` for it (token ids for an embedding) and, for a
+    head, its targets; seeded, so two calls make the same."""
     torch.manual_seed(0)
     module = layer_module(layer).to(F64)
     if isinstance(layer, Embedding):
@@ -44,6 +43,14 @@ def _left_after_split_backward(layer, samples: int) -> int:
     else:
         x = torch.randn(samples, *layer.in_shape, dtype=F64, requires_grad=True)
     targets = torch.randint(layer.shape.vocab, (samples, layer.shape.seq)) if isinstance(layer, Head) else None
+    return module, x, targets
+
+
+def _left_after_split_backward(layer, samples: int) -> int:
+    """Bytes of the distinct storages autograd still keeps after an input-grad (graph retained) and each weighted
+    module's weight-grad, as hw.run.cuda_graphs runs them, with the forward's output still held; the module's own
+    tensors, its input and the targets (static tensors of the runner) left out."""
+    module, x, targets = _made(layer, samples)
     kept: list[weakref.ref] = []
 
     def pack(t: torch.Tensor) -> _Packed:
@@ -85,13 +92,7 @@ def _weight_grad_frees(layer, samples: int) -> tuple[int, int]:
     here as the graphed runner's static tensors hold them, and the forward's output as its kept output."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    torch.manual_seed(0)
-    module = layer_module(layer).to(F64)
-    if isinstance(layer, Embedding):
-        x = torch.randint(layer.shape.vocab, (samples, layer.shape.seq))
-    else:
-        x = torch.randn(samples, *layer.in_shape, dtype=F64, requires_grad=True)
-    targets = torch.randint(layer.shape.vocab, (samples, layer.shape.seq)) if isinstance(layer, Head) else None
+    module, x, targets = _made(layer, samples)
     made: list[torch.Tensor] = []
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with capture_weighted_outputs(module) as captured:

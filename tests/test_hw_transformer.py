@@ -4,7 +4,7 @@ saved activations), and pipelined gradients equal to one device's on gloo."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_same_gradients, one_device_step
+from conftest import allocator_peak_bytes, assert_same_gradients, one_device_step
 
 torch = pytest.importorskip("torch")
 
@@ -179,24 +179,11 @@ def test_selective_recompute_matches_single_device_loss_and_gradients(model, nam
 
 def _cpu_peak_bytes(runner, io) -> int:
     """The most bytes the CPU allocator holds during one step beyond what it held before (gradients are made in
-    the step), from torch.profiler's memory events. Garbage of earlier tests is collected first: freed inside the
-    profile, blocks allocated before it would count as negative bytes."""
-    import gc
-
-    from torch.profiler import ProfilerActivity, profile
-
+    the step: none are kept from an earlier one)."""
     for module in runner.stages.values():
         for p in module.parameters():
             p.grad = None
-    gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        runner.step(io)
-    held = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                            if e.name() == "[memory]"):
-        held += nbytes
-        peak = max(peak, held)
-    return peak
+    return allocator_peak_bytes(lambda: runner.step(io))
 
 
 @pytest.mark.parametrize("name,microbatches,virtual,tolerance,recompute", [
