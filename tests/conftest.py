@@ -117,3 +117,18 @@ def allocator_peak_bytes(run: Callable[[], object]) -> int:
         held += nbytes
         peak = max(peak, held)
     return peak
+
+
+def saved_tensor_count(run: Callable[[], object]) -> int:
+    """How many tensors autograd saves while `run` runs: torch.utils.checkpoint's pack hook runs once for each."""
+    import torch
+
+    count = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return count[0]

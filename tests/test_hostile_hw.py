@@ -49,6 +49,8 @@ CASES = {
                                 "--recompute runs on hw's runner only"),
     "validate_recompute_unknown": (["validate", "--cpu", "--recompute", "never,some", "--out", "v"],
                                    "unknown recompute mode(s) some"),
+    # an empty list is refused, not read as "the default grid" (a script's empty $MODELS ran the MLP stacks instead)
+    "validate_models_empty": (["validate", "--cpu", "--models", "", "--out", "v"], "--models names none"),
     # hw measure
     "measure_trace_is_a_directory": (["measure", *TINY, "--trace", "dir"], "--trace dir: it is a folder"),
     "measure_trace_in_a_missing_folder": (["measure", *TINY, "--trace", "nope/t.json"], "folder nope does not exist"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import saved_tensor_count
 
 torch = pytest.importorskip("torch")
 
@@ -58,3 +59,11 @@ def test_stash_is_what_autograd_saves(layer):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         module(x)
     assert sum(saved.values()) * layer.dtype_bytes == layer.stash_bytes_per_token
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: layer.cost_key)
+def test_saved_tensors_are_the_hooks_a_checkpoint_runs(layer):
+    """Every tensor autograd saves, weights and statistics included: torch.utils.checkpoint's pack hook runs once
+    for each (parsim prices a recompute's hooks per tensor, parsim.sim.lower)."""
+    module, x = _module_and_input(layer)
+    assert saved_tensor_count(lambda: module(x)) == layer.saved_tensors

@@ -4,14 +4,14 @@ saved activations), and pipelined gradients equal to one device's on gloo."""
 from __future__ import annotations
 
 import pytest
-from conftest import allocator_peak_bytes, assert_same_gradients, one_device_step
+from conftest import allocator_peak_bytes, assert_same_gradients, one_device_step, saved_tensor_count
 
 torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
 from hw.nets.blocks import layer_module  # noqa: E402
-from hw.nets.transformer import RMSNormFunction, checkpoint_cores, lm_loss  # noqa: E402
+from hw.nets.transformer import RMSNormFunction, attention, checkpoint_cores, lm_loss  # noqa: E402
 from hw.run.ranks import spawn  # noqa: E402
 from hw.run.runtimes import gradient_step_worker  # noqa: E402
 from parsim.schedules import build  # noqa: E402
@@ -95,6 +95,20 @@ def _saved_bytes(layer, dtype: torch.dtype, samples: int, selective: bool = Fals
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         forward()
     return sum(saved.values())
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=_ids)
+def test_saved_tensors_are_the_hooks_a_checkpoint_runs(layer):
+    """Each layer's forward (the head's loss aside: hw computes it outside a checkpoint) and a decoder block's
+    attention core alone save the tensors parsim counts (on the CPU: SDPA's flash kernel saves its random-number
+    state too on a GPU)."""
+    module, x, _ = _run(layer, torch.bfloat16)
+    assert saved_tensor_count(lambda: module(x)) == layer.saved_tensors
+    if isinstance(layer, Decoder):
+        t = layer.shape
+        q = torch.randn(SAMPLES, t.heads, t.seq, t.head_dim, dtype=torch.bfloat16, requires_grad=True)
+        kv = torch.randn(SAMPLES, t.kv_heads, t.seq, t.head_dim, dtype=torch.bfloat16, requires_grad=True)
+        assert saved_tensor_count(lambda: attention(q, kv, kv)) == layer.core_saved_tensors
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bf16", "fp64"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from clirun import one_error_line, run
@@ -28,6 +29,8 @@ from parsim.workload import (
     stage_costs,
     transformer_model,
 )
+from parsim.workload.costs import saved_tensors
+from parsim.workload.layers import KINDS
 from parsim.workload.recompute import (
     MODES,
     core_recomputing_actions,
@@ -38,6 +41,7 @@ from parsim.workload.recompute import (
 from parsim.workload.tensor_parallel import Split, TensorParallel
 
 T_F, T_B = 0.003, 0.0045
+MLP_SAVED = KINDS["mlp"].saved  # the tensors an MLP block's forward saves
 
 
 @pytest.mark.parametrize("mode,m", [(mode, m) for mode in MODES for m in (1, 2, 5, 8)])
@@ -175,19 +179,34 @@ def test_an_early_recompute_costs_the_host_a_forwards_launches_not_checkpoints()
     assert extras.gpu == {Action("B", 1, i): T_F for i in range(2)}
 
 
+@pytest.mark.parametrize("saved", [None, 3 * 36])
 @pytest.mark.parametrize("call_s,per_layer_s", [(0.0, 0.0), (300e-6, 0.0), (500e-6, 40e-6), (500e-6, 400e-6)])
-def test_a_host_bound_step_grows_by_each_recomputed_microbatchs_host_cost(call_s, per_layer_s):
-    """GPU free, host slow: one GPU's step grows by m x (the forward's launches + call_s + layers x what per-layer
-    costs beyond an MLP block's launches, which calibrate's MLP probe blocks include in it), or by m forwards'
-    launches where the profile has no calibrated cost."""
+def test_a_host_bound_step_grows_by_each_recomputed_microbatchs_host_cost(call_s, per_layer_s, saved):
+    """GPU free, host slow: one GPU's step grows by m x (the forward's launches + call_s + the checkpoint's hooks:
+    what per-layer costs beyond an MLP block's launches, which calibrate's MLP probe blocks include in it, per
+    tensor an MLP block saves, times the tensors the stage's forward saves; each layer an MLP block's where
+    unknown), or by m forwards' launches where the profile has no calibrated cost."""
     m, layers, host_s = 6, 3, 2e-3
     host = replace(make_profile().host, action_s=50e-6, recompute_s=per_layer_s, recompute_call_s=call_s)
     profile = replace(make_profile(layer_host_s=100e-6), host=host)  # an MLP block's launches: 100 us
-    costs = [replace(c, layers=layers) for c in equal_stages(1, 0.0, 0.0, host_s=host_s)]
+    costs = [replace(c, layers=layers, saved_tensors=saved) for c in equal_stages(1, 0.0, 0.0, host_s=host_s)]
     never = simulate(build("gpipe", 1, m), costs, profile).step_time_s
     always = simulate(build("gpipe", 1, m), costs, profile, recompute="always").step_time_s
     hooks = max(per_layer_s - profile.layers["mlp"].forward.host_s, 0.0) if per_layer_s else 0.0
-    assert always - never == pytest.approx(m * (host_s + call_s + layers * hooks), rel=1e-9)
+    tensors = layers * MLP_SAVED if saved is None else saved
+    assert always - never == pytest.approx(m * (host_s + call_s + tensors * hooks / MLP_SAVED), rel=1e-9)
+
+
+def test_a_stage_saves_its_layers_tensors():
+    """A Llama stage's recompute hooks run for its blocks', embedding's and head's saved tensors (checked against
+    hw's modules in test_hw_transformer); a layer of unknown count (a profiled model's older file) leaves the
+    stage's unknown."""
+    costs = stage_costs(transformer_model(SHAPE, 3, 4), 2, 2, transformer_profile())
+    assert [c.saved_tensors for c in costs] == [1 + 36 + 36, 36 + 5]
+    assert [c.core_saved_tensors for c in costs] == [2 * 5, 5]
+    mlp = mlp_model(4, 8, 16)
+    assert saved_tensors(list(mlp.layers)) == 4 * MLP_SAVED
+    assert saved_tensors([*mlp.layers, SimpleNamespace(saved_tensors=None)]) is None
 
 
 def test_except_last_spares_only_the_last_microbatch():

@@ -77,8 +77,12 @@ def test_profile_writes_alike_layers_once_with_their_measured_bytes(mlp_file):
     assert block["params"] == 2 * 16 + (16 * 32 + 32) + (32 * 16 + 16) and head["params"] == 16 * 8 + 8
     assert block["out_bytes_per_token"] == 16 * 4 and head["out_bytes_per_token"] == 8 * 4  # fp32 on the CPU
     assert block["stash_bytes_per_token"] > 0 and doc["profiled"]["microbatch_sizes"] == [1, 2, 4]
+    # tensors saved for autograd: LayerNorm's input, weight, bias, mean and rstd, each Linear's input and weight,
+    # GELU's input; the head's Linear alone (its loss's are not the layer's: hw computes it outside a checkpoint)
+    assert (block["saved_tensors"], head["saved_tensors"]) == (5 + 2 + 1 + 2, 2)
     model = load_model(mlp_file)
     assert model.tokens == 8 and len(model.layers) == 5
+    assert [layer.saved_tensors for layer in model.layers] == [10, 10, 10, 10, 2]
 
 
 def test_a_profiled_layer_costs_what_was_measured_at_each_size_timed(mlp_file):
@@ -180,6 +184,7 @@ def test_a_model_that_cannot_be_split_is_refused_in_one_line(spec, message, tmp_
     (lambda d: d["source"].update(target="hinge"), "target mse or classes"),
     (lambda d: d["layers"][0]["costs"]["forward"].update(flops_per_s=-1), "flops_per_s"),
     (lambda d: d.update(samples=0), "samples"),
+    (lambda d: d["layers"][0].update(saved_tensors=-1), "saved_tensors"),
 ])
 def test_a_broken_profiled_model_file_is_refused_in_one_line(mlp_file, edit, message, tmp_path, capsys):
     doc = json.loads(mlp_file.read_text())

@@ -287,7 +287,7 @@ def main(args: argparse.Namespace) -> int:
         schedules = [schedule_name(s) for s in schedules]
     except argparse.ArgumentTypeError as e:
         raise ParsimError(str(e)) from None
-    models = _models(args.models or defaults["models"])
+    models = _models(defaults["models"] if args.models is None else args.models)
     runtimes = _runtimes(args.runtimes)
     require_gpus(max(gpus), cpu=args.cpu)
     given = load_profile(args.profile) if args.profile else None

@@ -134,6 +134,7 @@ def group_entry(group: Group, sizes: list[int], dtype_bytes: int) -> dict:
         "forward_workspace_bytes_per_token": round(_mean(largest, "forward_workspace_bytes") / n),
         "backward_workspace_bytes_per_token": round(_mean(largest, "backward_workspace_bytes") / n),
         "flops_per_token": _mean(largest, "flops") / n,
+        "saved_tensors": round(_mean(largest, "saved_tensors")),
         "costs": {op: asdict(c) for op, c in costs.items()},
         "measured": {"samples": sizes, "forward_s": fwd, "backward_input_s": inp, "backward_s": full,
                      "host_forward_s": host_f, "host_backward_s": host_b},

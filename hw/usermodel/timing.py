@@ -38,6 +38,7 @@ class LayerTimes:
     forward_workspace_bytes: int = 0  # the most it allocates beyond what was held before it, while it runs
     backward_workspace_bytes: int = 0
     flops: float = 0.0  # its forward's, as FlopCounterMode counts them
+    saved_tensors: int = 0  # tensors its forward saved for autograd (checkpointing's hooks run per tensor)
 
 
 @dataclass
@@ -164,17 +165,19 @@ def forward_flops(layers: list[nn.Module], x: torch.Tensor) -> list[float]:
 
 
 def held_bytes(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_fn: Loss,
-               device: torch.device) -> tuple[list[int], list[int], list[int]]:
-    """Per layer: bytes of the storages autograd first saved in its forward (parameters aside), and its forward's
-    and backward's working memory (GPU only: 0 on the CPU)."""
+               device: torch.device) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per layer: bytes of the storages autograd first saved in its forward (parameters aside), its forward's
+    and backward's working memory (GPU only: 0 on the CPU), and how many tensors its forward saved (the loss's
+    not counted: hw computes it outside a checkpoint)."""
     params = {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()}
     seen: set[int] = set()
     n = len(layers)
-    stash, fwd_ws, bwd_ws = [0] * n, [0] * n, [0] * n
+    stash, fwd_ws, bwd_ws, saved = [0] * n, [0] * n, [0] * n, [0] * n
     cuda = device.type == "cuda"
-    current = [0]
+    current, in_loss = [0], [False]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[current[0]] += not in_loss[0]
         storage = t.untyped_storage()
         if storage.data_ptr() not in params and storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
@@ -188,6 +191,7 @@ def held_bytes(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_f
             before = _reset_peak(device)
             h = layer(h)
             if i == n - 1:
+                in_loss[0] = True  # its storages count as the last layer's, its tensors not
                 h = loss_fn(h, y)
             fwd_ws[i] = torch.cuda.max_memory_allocated(device) - before if cuda else 0
             outs.append(h)
@@ -208,7 +212,7 @@ def held_bytes(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_f
         bwd_ws[0] = torch.cuda.max_memory_allocated(device) - starts[0]
     for layer in layers:
         layer.zero_grad(set_to_none=True)
-    return stash, fwd_ws, bwd_ws
+    return stash, fwd_ws, bwd_ws, saved
 
 
 def _reset_peak(device: torch.device) -> int:
@@ -223,9 +227,9 @@ def time_layers(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_
                 repeat: int) -> list[LayerTimes]:
     """Every layer's times and bytes for the micro-batch `x` (with targets `y`)."""
     full, inputs, host = timed_passes(layers, x, y, loss_fn, device, repeat)
-    stash, fwd_ws, bwd_ws = held_bytes(layers, x, y, loss_fn, device)
+    stash, fwd_ws, bwd_ws, saved = held_bytes(layers, x, y, loss_fn, device)
     flops = forward_flops(layers, x)
     n = x.shape[0]
     return [LayerTimes(n, full.forward[i], inputs.backward[i], full.backward[i], host.host_forward[i],
-                       host.host_backward[i], stash[i], fwd_ws[i], bwd_ws[i], flops[i])
+                       host.host_backward[i], stash[i], fwd_ws[i], bwd_ws[i], flops[i], saved[i])
             for i in range(len(layers))]

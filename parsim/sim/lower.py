@@ -13,6 +13,7 @@ from parsim.schedules import ALL_OPS, COMPUTE_OPS, Action, CommPlan, Schedule
 from parsim.schedules import Op as ActionOp
 from parsim.sim.dataflow import iter_wait_keys, kept, transfers
 from parsim.workload import StageCost, Work, gradient_adds
+from parsim.workload.layers import KINDS
 from parsim.workload.recompute import (
     RECOMPUTING_OPS,
     core_recomputing_actions,
@@ -284,26 +285,32 @@ def action_extras(schedule: Schedule, costs: list[StageCost], profile: Profile, 
                   copy_streams: bool = False) -> Extras:
     """host_extras, and each recomputing backward's forward run again (parsim.workload.recompute): its stage's
     forward on the GPU (selective: its attention cores'); on the host, the forward's launches (not a second
-    action's cost) and, where calibrated, checkpointing's own cost: host.recompute_call_s per checkpoint, and per
-    layer what host.recompute_s, timed on MLP blocks, costs beyond an MLP block's forward launches (selective: one
-    layer per core, each core its own checkpoint). Under copy streams, a backward whose gradient arrives by a
-    message runs that forward first, as its own op that waits for its forward but not for the gradient (`early`):
-    its stage's forward on the GPU, and on the host that forward's launches, layer by layer (hw runs it as a plain
-    forward, no checkpoint and none of its hooks)."""
+    action's cost) and, where calibrated, checkpointing's own cost: host.recompute_call_s per checkpoint, and its
+    hooks per tensor the forward saves, at what host.recompute_s, timed on MLP blocks, costs beyond an MLP block's
+    forward launches over an MLP block's saved tensors (selective: each core its own checkpoint). Under copy
+    streams, a backward whose gradient arrives by a message runs that forward first, as its own op that waits for
+    its forward but not for the gradient (`early`): its stage's forward on the GPU, and on the host that forward's
+    launches, layer by layer (hw runs it as a plain forward, no checkpoint and none of its hooks)."""
     host = host_extras(schedule, profile) or {}
-    # (action, the work run again, checkpoints, layers in each)
-    redo = [(a, costs[a.stage].forward, 1, costs[a.stage].layers) for a in recomputing_actions(schedule, recompute)]
-    redo += [(a, c.core_forward, c.core_forward.chunks, 1) for a in core_recomputing_actions(schedule, recompute)
-             if (c := costs[a.stage]).core_forward.chunks]  # a stage without a core recomputes nothing
-    call_s, hooks = profile.host.recompute_call_s, max(profile.host.recompute_s - probe_forward_host_s(profile), 0.0)
+    redo = []  # (action, the work run again, checkpoints, tensors their forwards save)
+    for a in recomputing_actions(schedule, recompute):
+        c = costs[a.stage]
+        redo.append((a, c.forward, 1, saved_or_mlp(c.saved_tensors, c.layers)))
+    for a in core_recomputing_actions(schedule, recompute):
+        c = costs[a.stage]
+        if c.core_forward.chunks:  # a stage without a core recomputes nothing
+            cores = c.core_forward.chunks
+            redo.append((a, c.core_forward, cores, saved_or_mlp(c.core_saved_tensors, cores)))
+    call_s = profile.host.recompute_call_s
+    per_tensor = max(profile.host.recompute_s - probe_forward_host_s(profile), 0.0) / KINDS["mlp"].saved
     first = frozenset(early_recomputing_actions(schedule, recompute, copy_streams))
     early: dict[Action, Rebuilt] = {}
-    for a, again, calls, layers in redo:
+    for a, again, calls, tensors in redo:
         if a in first:
             chunks = max(again.chunks, 1)
             early[a] = (again.gpu_s, again.gpu_s / chunks, again.host_s, again.host_s / chunks)
             continue
-        host[a] = host.get(a, 0.0) + again.host_s + calls * (call_s + layers * hooks)
+        host[a] = host.get(a, 0.0) + again.host_s + calls * call_s + tensors * per_tensor
     gpu = {a: again.gpu_s for a, again, _, _ in redo if a not in first}
     return Extras(gpu or None, host or None, early or None)
 
@@ -318,6 +325,11 @@ def rebuild_ops(machine: Machine, early: dict[Action, Rebuilt] | None, gpu_offse
 
     return {a: Task(machine.env, Rebuild(a), compute_track(gpu_offset + stage_to_rank[a.stage]), gpu_s, tail_s=tail_s)
             for a, (gpu_s, tail_s, _, _) in early.items()}
+
+
+def saved_or_mlp(saved: int | None, layers: int) -> int:
+    """Tensors saved, or where unknown each layer's as an MLP block's (the blocks host.recompute_s was timed on)."""
+    return layers * KINDS["mlp"].saved if saved is None else saved
 
 
 def probe_forward_host_s(profile: Profile) -> float:

@@ -45,6 +45,10 @@ class StageCost:
     core_forward: Work = Work(0.0, 0.0, 0)
     core_freed_bytes: int = 0
     loss_bytes: int = 0  # what its loss keeps outside a checkpoint of the stage (parsim.workload.recompute)
+    # tensors its layers' forwards save, checkpointing's hooks running per tensor, and its attention cores'
+    # (selective's checkpoints); None: unknown, each layer (or core) taken as an MLP block
+    saved_tensors: int | None = None
+    core_saved_tensors: int | None = None
 
     @cached_property
     def backward(self) -> Work:
@@ -223,6 +227,13 @@ def cores_work(profile: Profile, layers: list[Any], samples: int) -> Work:
     return Work(gpu, host, cores)
 
 
+def saved_tensors(layers: list[Any]) -> int | None:
+    """Tensors the layers' forwards save for autograd, or None where a layer's count is unknown (a profiled
+    model's file from before hw profile counted them)."""
+    counts = [layer.saved_tensors for layer in layers]
+    return None if None in counts else sum(counts)
+
+
 def microbatch_tokens(model: Model, num_microbatches: int, data_parallel: int = 1) -> int:
     """Samples in one micro-batch: the batch split over replicas, then micro-batches, evenly."""
     if num_microbatches < 1 or data_parallel < 1:
@@ -293,5 +304,7 @@ def stage_costs(model: Model, num_stages: int, num_microbatches: int, profile: P
             core_forward=cores_work(profile, layers, tokens),
             core_freed_bytes=sum(layer.core_freed_bytes_per_token for layer in layers) * tokens,
             loss_bytes=sum(loss_kept_bytes_per_token(layer) for layer in layers) * tokens,
+            saved_tensors=saved_tensors(layers),
+            core_saved_tensors=sum(layer.core_saved_tensors for layer in layers),
         ))
     return costs

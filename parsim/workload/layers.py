@@ -59,6 +59,7 @@ class Kind:
     peak_weights: int = 0  # weights per C^2 and vectors per C whose gradients exist at that peak (0, 0: all)
     peak_vectors: int = 0
     shrink: int = 1  # the input has C / shrink channels on a (shrink S)^2 map: 2 for a downsampling block
+    saved: int = 0  # tensors autograd saves in its forward, parameters and statistics included (hw's module's count)
     spatial: bool = True  # has a side S (profile key "kind@CxS"); False: vectors of C (key "kind@C")
     sample: str = "image"  # what one sample is, for reports
 
@@ -73,7 +74,7 @@ KINDS = {
     # that output freed, GELU's input gradient beside it (each node's saved tensors go once it has run), when fc2's
     # gradients (4C^2 + C) alone are made
     "mlp": Kind(macs=8, weights=8, vectors=7, stash=10, unweighted=4, captured=1, held=6, early=5, largest=4,
-                backward=5, peak_weights=4, peak_vectors=1, spatial=False,
+                backward=5, peak_weights=4, peak_vectors=1, saved=10, spatial=False,
                 sample="token"),
     # x + conv3x3(relu(bn(conv3x3(relu(bn(x)))))), no conv bias: two 9 C^2 convs, two batch norms' affine (2C each);
     # kept: bn1 input, relu1 output (conv1's input), conv1 output (bn2's input), relu2 output (conv2's input); the
@@ -83,7 +84,7 @@ KINDS = {
     # output (bn2's input, a captured output) when it ends; its backward holds, beyond the stash, the output's
     # gradient and the second ReLU's input and output gradients (3 C S^2), when conv2's weight gradient alone is made
     "conv": Kind(macs=18, weights=18, vectors=4, stash=4, unweighted=2, captured=3, held=4, early=1, largest=9,
-                 backward=3, peak_weights=9),
+                 backward=3, peak_weights=9, saved=18),
     # C/2 x 2S x 2S -> C x S x S: a = relu(bn(x)); conv3x3/2(a) (4.5 C^2) -> bn-relu -> conv3x3 (9 C^2), plus the
     # shortcut conv1x1/2(a) (0.5 C^2); batch norms over C/2 and C; kept: bn1 input and a (2 C S^2 each),
     # conv1 output and relu2 output (C S^2 each); the relus keep a and relu2's output; a split backward captures
@@ -93,7 +94,7 @@ KINDS = {
     # output and conv1's freed, the first conv's and the shortcut's gradients of a (added in place), when all but
     # bn1's gradients are made
     "down": Kind(macs=14, weights=14, vectors=3, stash=6, unweighted=3, captured=5, held=5, early=2, largest=9,
-                 backward=3, peak_weights=14, peak_vectors=2,
+                 backward=3, peak_weights=14, peak_vectors=2, saved=20,
                  shrink=2),
 }
 
@@ -165,6 +166,12 @@ class Layer:
         return self.formulas.stash * self.hidden * self.side**2 * self.dtype_bytes
 
     @property
+    def saved_tensors(self) -> int:
+        """Tensors its forward saves for autograd: torch.utils.checkpoint's hooks run once for each in a checkpoint
+        and again in its recompute (parsim.sim.lower prices them)."""
+        return self.formulas.saved
+
+    @property
     def unweighted_stash_bytes_per_token(self) -> int:
         """The part of the stash that only ops without weights keep: a split backward's weight-grad never frees it
         (see parsim.workload.graph_memory)."""
@@ -207,6 +214,8 @@ class Layer:
     @property
     def core_freed_bytes_per_token(self) -> int:
         return 0
+
+    core_saved_tensors = 0
 
     @property
     def cost_key(self) -> str:

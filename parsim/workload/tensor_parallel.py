@@ -279,6 +279,15 @@ class Split:
         return int(self.layer.core_freed_bytes_per_token) // self._t
 
     @property
+    def saved_tensors(self) -> int:
+        """The whole layer's count: each rank's modules save the same tensors, split."""
+        return int(self.layer.saved_tensors)
+
+    @property
+    def core_saved_tensors(self) -> int:
+        return int(self.layer.core_saved_tensors)
+
+    @property
     def forward_workspace_bytes_per_token(self) -> int:
         x = self.layer
         if isinstance(x, Decoder):

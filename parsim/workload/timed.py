@@ -62,12 +62,14 @@ class TimedLayer:
     forward_workspace_bytes_per_token: int = 0
     backward_workspace_bytes_per_token: int = 0
     flops_per_token: float = 0.0  # forward FLOPs per sample, as torch's FlopCounterMode counts them (for reports)
+    saved_tensors: int | None = None  # tensors its forward saved for autograd (files before 2026-11-28: unknown)
 
     kind = "timed"
     captured_bytes_per_token = 0  # a split backward's extra memory: not measured
     weight_grad_held_bytes_per_token = 0
     early_freed_bytes_per_token = 0  # nothing counted freed before a split backward's weight-grad ends
     core_freed_bytes_per_token = 0  # timed whole: no attention core apart (recompute.check_layers refuses selective)
+    core_saved_tensors = 0
 
     @property
     def core_parts(self) -> tuple[Part, ...]:
@@ -193,6 +195,8 @@ def _timed(spec: Any, where: str, source: Source) -> tuple[TimedLayer, int]:
     sizes = {k: whole(spec.get(k, 0), f"{where}.{k}", 0, 10**15, ModelError)
              for k in ("params", "out_bytes_per_token", "stash_bytes_per_token", "forward_workspace_bytes_per_token",
                        "backward_workspace_bytes_per_token")}
+    saved = spec.get("saved_tensors")
+    saved = None if saved is None else whole(saved, f"{where}.saved_tensors", 0, 10**9, ModelError)
     flops = spec.get("flops_per_token", 0.0)
     if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not 0 <= flops < 1e30:
         raise ModelError(f"{where}.flops_per_token must be a number >= 0, got {flops!r}")
@@ -201,5 +205,5 @@ def _timed(spec: Any, where: str, source: Source) -> tuple[TimedLayer, int]:
                        _shape(spec.get("out_shape"), f"{where}.out_shape"),
                        dtype_bytes=whole(spec.get("dtype_bytes", DTYPES[source.dtype]), f"{where}.dtype_bytes", 1,
                                          MAX_DTYPE_BYTES, ModelError),
-                       flops_per_token=float(flops), **sizes)
+                       flops_per_token=float(flops), saved_tensors=saved, **sizes)
     return layer, whole(spec.get("count", 1), f"{where}.count", 1, MAX_LAYERS, ModelError)

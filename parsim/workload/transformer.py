@@ -105,6 +105,16 @@ class _SequenceLayer:
     def core_freed_bytes_per_token(self) -> int:
         return 0
 
+    core_saved_tensors = 0  # what its attention cores save, for selective's checkpoints (a decoder block's own)
+
+
+# Tensors each layer's forward saves for autograd, as hw's modules save them on the CPU (test_hw_transformer.py),
+# checkpointing's hooks running per tensor: a decoder block (RMSNorm's or LayerNorm's inputs and statistics, the
+# projections' inputs and weights, rotary's tables, SDPA's q, k, v, output and log-sum-exp, the MLP's), the
+# embedding's ids (and GPT's positions), the head's norm and matmul; the attention core alone. On a GPU, SDPA's
+# flash kernel also saves its random-number state.
+SAVED_TENSORS = {"llama": 36, "gpt": 24, "embed": 1, "embed+positions": 2, "head": 5, "head+layernorm": 7, "core": 5}
+
 
 @dataclass(frozen=True)
 class Decoder(_SequenceLayer):
@@ -115,6 +125,12 @@ class Decoder(_SequenceLayer):
         return self.shape.variant
 
     out_shape = _SequenceLayer.in_shape
+
+    @property
+    def saved_tensors(self) -> int:
+        return SAVED_TENSORS[self.shape.variant]
+
+    core_saved_tensors = SAVED_TENSORS["core"]
 
     @property
     def _llama(self) -> bool:
@@ -256,6 +272,10 @@ class Embedding(_SequenceLayer):
         return (self.shape.seq,)
 
     @property
+    def saved_tensors(self) -> int:
+        return SAVED_TENSORS["embed+positions" if self.shape.positions else "embed"]
+
+    @property
     def out_shape(self) -> tuple[int, ...]:
         return (self.shape.seq, self.shape.hidden)
 
@@ -329,6 +349,10 @@ class Head(_SequenceLayer):
     @property
     def _norm_vectors(self) -> int:
         return 2 if self.shape.positions else 1  # LayerNorm's scale and shift, or RMSNorm's scale
+
+    @property
+    def saved_tensors(self) -> int:
+        return SAVED_TENSORS["head+layernorm" if self.shape.positions else "head"]
 
     @property
     def params(self) -> int:
