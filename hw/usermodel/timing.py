@@ -177,7 +177,8 @@ def held_bytes(layers: list[nn.Module], x: torch.Tensor, y: torch.Tensor, loss_f
     current, in_loss = [0], [False]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[current[0]] += not in_loss[0]
+        if not in_loss[0]:
+            saved[current[0]] += 1
         storage = t.untyped_storage()
         if storage.data_ptr() not in params and storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
