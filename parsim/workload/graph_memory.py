@@ -12,7 +12,9 @@ output holds for good. It frees the rest as it goes: each weighted module's grad
 before it have released their saved inputs (each autograd.grad call frees its node's; the layers'
 `early_freed_bytes_per_token`), so a stage's gradients never sit on its whole stash; the weighted modules' outputs
 the stash holds, the captured outputs and the held output gradients go only when it ends, with its list of them. A
-head's captured logits are the stage's output, kept anyway: counted once. Outside the pool: the weights, one static
+head's captured logits are the stage's output, kept anyway: counted once. A whole backward of a head runs its loss's
+backward first and frees the loss's log-softmax before the head's matmul makes its weight gradient, as under the
+eager runners (parsim.workload.memory.checkpointed). Outside the pool: the weights, one static
 buffer per receive, stage 0's copy of the batch's inputs and the last stage's of its targets; a stage's first layer
 keeps its input, which is one of those buffers or the previous stage's kept output, so that part of its stash is
 not counted twice. The allocator's rounding and the free space in its segments are not modelled: the pool's peak is
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 from parsim.errors import ModelError
 from parsim.schedules import Action, Op, Schedule
 from parsim.workload.costs import microbatch_tokens
-from parsim.workload.memory import LayerMemory, layer_memory, static_bytes_per_param
+from parsim.workload.memory import LayerMemory, checkpointed, layer_memory, static_bytes_per_param
 from parsim.workload.models import Model
 from parsim.workload.partition import stage_layers
 from parsim.workload.timed import TimedLayer
@@ -42,6 +44,12 @@ class GraphedStage:
     unweighted: tuple[int, ...]  # per layer: the stash a split backward's weight-grad leaves held
     input: int  # its input (the previous stage's output, or the batch's inputs), which its first layer keeps
     output: int  # its output (on the last stage, the model's)
+    loss: LayerMemory | None = None  # a head's loss apart (checkpointed): a whole backward runs its backward first
+    after_loss: tuple[LayerMemory, ...] = ()  # with a loss, the layers as a whole backward frees them after it
+
+    def whole_backward(self) -> GraphedStage:
+        """The stage as a whole backward walks it once its loss's backward is done (itself without a loss)."""
+        return replace(self, layers=self.after_loss, loss=None) if self.loss else self
 
     def stash(self, k: int) -> int:
         """Layer k's stash less the stage's input, which the first layer keeps and a static tensor holds already."""
@@ -90,8 +98,9 @@ def graphed_ranks(model: Model, schedule: Schedule, samples: int, optimizer: str
                                                                                             output)),)
         if not gradients:
             layers = tuple(replace(layer, grads=0) for layer in layers)
+        loss, after_loss = checkpointed(list(layers), [model.layers[i] for i in ids], samples)
         stages.append(GraphedStage(layers, tuple(model.layers[i].unweighted_stash_bytes_per_token * samples
-                                                 for i in ids), inputs[s], output))
+                                                 for i in ids), inputs[s], output, loss, tuple(after_loss)))
     batch = (_input_bytes(model) * samples * schedule.num_microbatches,
              _target_bytes(model) * samples * schedule.num_microbatches)
     out = []
@@ -152,6 +161,11 @@ def pool_walk(acts: tuple[Action, ...], stages: list[GraphedStage]) -> tuple[int
             held += stage.output
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
             made = 0  # gradients made, returned together at the end
+            if a.op == Op.BACKWARD and stage.loss:  # the loss's backward first, its log-softmax freed after it
+                peak = max(peak, held + stage.loss.backward_workspace)
+                held -= stage.loss.stash
+                stage = stage.whole_backward()
+                layers = stage.layers
             for k in reversed(range(len(layers))):
                 layer = layers[k]
                 if a.op == Op.BACKWARD:
