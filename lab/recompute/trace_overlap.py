@@ -18,18 +18,21 @@ def kernels(path: Path) -> tuple[list[dict], list[tuple[float, float]]]:
     """A trace's compute kernels in time order, and its NCCL kernels' spans (us)."""
     opener = lzma.open if path.suffix == ".xz" else open
     with opener(path, "rt") as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")]
+        events = [e for e in json.load(f)["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")]
     compute = sorted((e for e in events if "nccl" not in e["name"].lower()), key=lambda e: e["ts"])
     nccl = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower())
     return compute, nccl
 
 
 def rank1(path: Path) -> Path:
+    """Rank 1's trace beside rank 0's (`hw measure --trace` writes one per rank)."""
     name = path.name.replace("-trace.json", "-trace.rank1.json")
     return path.with_name(name)
 
 
 def report(plain: Path, copy: Path) -> None:
+    """Per rank: compute time without and with copy streams, and the kernels beside a waiting NCCL kernel."""
     for a, b in ((plain, copy), (rank1(plain), rank1(copy))):
         base, _ = kernels(a)
         beside, nccl = kernels(b)
